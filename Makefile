@@ -1,0 +1,31 @@
+# The two commands of the README: `make run` (the main job) and `make test` (the suite).
+# Both create the virtual environment and install the project into it when needed.
+
+PYTHON ?= python3
+VENV   ?= .venv
+NP     ?= 4
+ARGS   ?=
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.mpirl-installed
+
+.PHONY: install run test bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: install
+	$(BIN)/mpirun -np $(NP) $(BIN)/python -m mpirl.run $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/mpirun -np $(NP) $(BIN)/python -m mpirl.bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,117 @@
+"""Rollouts and the advantage actor-critic loss: what one rank learns from its envs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium
+import numpy as np
+import torch
+
+from .model import ActorCritic
+
+
+def make_envs(env_id: str, num_envs: int, seed: int) -> gymnasium.vector.SyncVectorEnv:
+    """``num_envs`` copies of ``env_id`` that reset themselves in the step that ends them."""
+    envs = gymnasium.vector.SyncVectorEnv(
+        [lambda: gymnasium.make(env_id) for _ in range(num_envs)],
+        autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP)
+    envs.action_space.seed(seed)
+    return envs
+
+
+@dataclass
+class Batch:
+    obs: torch.Tensor        # [T*E, obs_dim]
+    actions: torch.Tensor    # [T*E] or [T*E, act_dim]
+    returns: torch.Tensor    # [T*E]
+    advantages: torch.Tensor  # [T*E]
+
+
+class Roller:
+    """Steps a vector of envs with the current policy and keeps episode statistics."""
+
+    def __init__(self, envs: gymnasium.vector.VectorEnv, gamma: float, gae_lambda: float) -> None:
+        self.envs, self.gamma, self.gae_lambda = envs, gamma, gae_lambda
+        self.obs: torch.Tensor | None = None   # set by start()
+        self._running_return = np.zeros(envs.num_envs)
+        self._running_length = np.zeros(envs.num_envs, dtype=np.int64)
+        self.finished: list[tuple[float, int]] = []   # (return, length) since last drain
+        box = envs.single_action_space
+        self._low = getattr(box, "low", None)
+        self._high = getattr(box, "high", None)
+
+    def start(self, seed: int) -> None:
+        obs, _ = self.envs.reset(seed=[seed + i for i in range(self.envs.num_envs)])
+        self.obs = torch.as_tensor(obs, dtype=torch.float32)
+
+    def drain_episodes(self) -> list[tuple[float, int]]:
+        done, self.finished = self.finished, []
+        return done
+
+    @torch.no_grad()
+    def collect(self, model: ActorCritic, steps: int, timer) -> Batch:
+        """Run ``steps`` steps in every env; returns the batch with GAE advantages."""
+        n = self.envs.num_envs
+        obs_buf = torch.empty((steps, n, *self.obs.shape[1:]))
+        act_buf, rew_buf, done_buf, val_buf = [], torch.empty(steps, n), torch.empty(steps, n), \
+            torch.empty(steps, n)
+        for t in range(steps):
+            with timer("forward_s"):
+                dist, value = model(self.obs)
+                action = dist.sample()
+            env_action = action.numpy()
+            if not model.discrete:
+                env_action = np.clip(env_action, self._low, self._high)
+            with timer("env_s"):
+                next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
+            reward = np.asarray(reward, dtype=np.float64)
+            self._track_episodes(reward, terminated | truncated)
+            if truncated.any():   # a time limit is not a terminal state: bootstrap from it
+                final = np.stack([info["final_obs"][i] for i in np.flatnonzero(truncated)])
+                with timer("forward_s"):
+                    boot = model.value(torch.as_tensor(final, dtype=torch.float32)).squeeze(-1)
+                reward[truncated] += self.gamma * boot.numpy()
+            obs_buf[t], val_buf[t] = self.obs, value
+            act_buf.append(action)
+            rew_buf[t] = torch.as_tensor(reward)
+            done_buf[t] = torch.as_tensor(terminated | truncated, dtype=torch.float32)
+            self.obs = torch.as_tensor(next_obs, dtype=torch.float32)
+        with timer("forward_s"):
+            last_value = model.value(self.obs).squeeze(-1)
+        adv = self._gae(rew_buf, val_buf, done_buf, last_value)
+        actions = torch.stack(act_buf)
+        return Batch(obs=obs_buf.flatten(0, 1), actions=actions.flatten(0, 1),
+                     returns=(adv + val_buf).flatten(), advantages=adv.flatten())
+
+    def _gae(self, rewards, values, dones, last_value) -> torch.Tensor:
+        adv = torch.zeros_like(rewards)
+        running = torch.zeros_like(last_value)
+        next_value = last_value
+        for t in reversed(range(rewards.shape[0])):
+            live = 1.0 - dones[t]
+            delta = rewards[t] + self.gamma * next_value * live - values[t]
+            running = delta + self.gamma * self.gae_lambda * live * running
+            adv[t] = running
+            next_value = values[t]
+        return adv
+
+    def _track_episodes(self, reward: np.ndarray, done: np.ndarray) -> None:
+        self._running_return += reward
+        self._running_length += 1
+        for i in np.flatnonzero(done):
+            self.finished.append((float(self._running_return[i]), int(self._running_length[i])))
+            self._running_return[i] = 0.0
+            self._running_length[i] = 0
+
+
+def a2c_loss(model: ActorCritic, batch: Batch, value_coef: float, entropy_coef: float):
+    """Policy-gradient loss with advantages, value regression, entropy bonus."""
+    dist, value = model(batch.obs)
+    logp = dist.log_prob(batch.actions)
+    policy_loss = -(logp * batch.advantages).mean()
+    value_loss = 0.5 * (batch.returns - value).pow(2).mean()
+    entropy = dist.entropy().mean()
+    loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
+    return loss, {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
+                  "entropy": entropy.item()}

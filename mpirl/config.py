@@ -1,0 +1,217 @@
+"""The run configuration: one dataclass, a help text per field, YAML in, flags on top.
+
+``python -m mpirl.run --help`` is generated from the field docs below.  A run's fully
+resolved configuration is written next to its results, so any run can be repeated
+with ``--config RUN_DIR/config.yaml``.  Validation happens once, at start, and every
+message names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+MODES = ("sync",)
+ACTIVATIONS = ("tanh", "relu", "elu")
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file that cannot be used; the message says why."""
+
+
+def _doc(text: str, **kw):
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class Config:
+    """Everything that defines a run; identical on every rank."""
+
+    # --- what is compared ------------------------------------------------------------
+    topology: str = _doc("gradient exchange, a name registered in topologies/", default="butterfly")
+    mode: str = _doc("training design: sync (every rank waits for the allreduce each update)",
+                     default="sync")
+    # --- environment and budget ----------------------------------------------------
+    env: str = _doc("gymnasium environment id", default="CartPole-v1")
+    seed: int = _doc("base seed; rank r seeds its env with seed + 10000*r", default=1)
+    total_steps: int = _doc("env steps summed over all ranks before the run stops",
+                            default=200_000)
+    num_envs: int = _doc("environments stepped in lock-step on each rank", default=4)
+    rollout_steps: int = _doc("steps per environment between updates (the n of n-step returns)",
+                              default=16)
+    # --- learner -----------------------------------------------------------------------
+    lr: float = _doc("Adam learning rate", default=1e-3)
+    gamma: float = _doc("discount factor", default=0.99)
+    gae_lambda: float = _doc("GAE lambda; 1.0 gives plain n-step returns", default=0.95)
+    value_coef: float = _doc("weight of the value loss", default=0.5)
+    entropy_coef: float = _doc("weight of the entropy bonus", default=0.01)
+    max_grad_norm: float = _doc("clip the averaged gradient to this norm; 0 disables",
+                                default=0.5)
+    hidden: list = _doc("hidden layer widths of the actor-critic MLP",
+                        default_factory=lambda: [64, 64])
+    activation: str = _doc("hidden activation: tanh, relu or elu", default="tanh")
+    layer_norm: bool = _doc("layer normalisation after every hidden layer", default=False)
+    # --- bookkeeping ---------------------------------------------------------------------
+    run_dir: str = _doc("parent directory of run directories", default="runs")
+    run_name: str = _doc("name of this run's directory (default: topology-mode-Nranks-time)",
+                         default="")
+    log_every: int = _doc("print progress every this many updates (rank 0)", default=20)
+    checksum_every: int = _doc(
+        "compare a checksum of parameters and optimizer state across ranks every this many "
+        "updates; a mismatch stops the run; 0 disables", default=50)
+    torch_threads: int = _doc("torch threads per rank; 0 = cores / ranks on this node",
+                              default=0)
+
+    # -- loading --------------------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "Config":
+        return cls.from_dict(load_yaml(path), source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> "Config":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping of field: value, got "
+                              f"{type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}; "
+                              f"valid fields: {', '.join(sorted(known))}")
+        cfg = cls()
+        for key, value in data.items():
+            setattr(cfg, key, _coerce(cls, key, value, source))
+        return cfg
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    # -- validation -------------------------------------------------------------------------
+    def validate(self, world_size: int) -> "Config":
+        """Raise ConfigError for the first unusable value; return self when all is well."""
+        import gymnasium
+        import topologies
+
+        _choice("mode", self.mode, MODES)
+        _choice("topology", self.topology, topologies.names())
+        _choice("activation", self.activation, ACTIVATIONS)
+        if self.env not in gymnasium.registry:
+            close = [e for e in gymnasium.registry if self.env.split("-")[0].lower() in e.lower()]
+            hint = f" (did you mean {', '.join(close[:5])}?)" if close else ""
+            raise ConfigError(f"env={self.env!r} is not a registered gymnasium id{hint}")
+        for name in ("total_steps", "num_envs", "rollout_steps", "log_every"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("checksum_every", "torch_threads"):
+            _at_least(name, getattr(self, name), 0)
+        _in_range("lr", self.lr, 0.0, 1.0, low_open=True)
+        _in_range("gamma", self.gamma, 0.0, 1.0)
+        _in_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
+        for name in ("value_coef", "entropy_coef", "max_grad_norm"):
+            _at_least(name, getattr(self, name), 0.0)
+        if not self.hidden or not all(isinstance(h, int) and h > 0 for h in self.hidden):
+            raise ConfigError(f"hidden={self.hidden!r}; allowed: a non-empty list of positive ints")
+        per_update = world_size * self.num_envs * self.rollout_steps
+        if self.total_steps < per_update:
+            raise ConfigError(
+                f"total_steps={self.total_steps} is less than one update "
+                f"({world_size} ranks x num_envs {self.num_envs} x rollout_steps "
+                f"{self.rollout_steps} = {per_update}); raise total_steps")
+        return self
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Safe-load a YAML file; errors name the file and, for syntax errors, the line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
+    return {} if data is None else data
+
+
+def _coerce(cls, key: str, value, source: str):
+    """Check a loaded value against the field's type; ints are accepted for floats."""
+    default = getattr(cls(), key)
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is list and isinstance(value, (list, tuple)):
+        return list(value)
+    if type(value) is not kind:
+        raise ConfigError(f"{source}: {key}={value!r} is a {type(value).__name__}; "
+                          f"expected {kind.__name__}")
+    return value
+
+
+def _choice(name, value, allowed):
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def _at_least(name, value, low):
+    if value < low:
+        raise ConfigError(f"{name}={value!r}; allowed: >= {low}")
+
+
+def _in_range(name, value, low, high, low_open=False):
+    ok = (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ConfigError(f"{name}={value!r}; allowed: {bracket}{low}, {high}]")
+
+
+# -- command line -------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad flag as a ConfigError, so the caller prints it once, not once per rank."""
+
+    def error(self, message):
+        raise ConfigError(f"{message} (see --help)")
+
+
+def build_parser(prog: str = "python -m mpirl.run") -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train an actor-critic on every MPI rank, exchanging gradients "
+                    "through a chosen topology. Launch with: mpirun -np N " + prog)
+    parser.add_argument("--config", metavar="YAML",
+                        help="experiment file; flags given here override its values")
+    defaults = Config()
+    for f in fields(Config):
+        default = getattr(defaults, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=f.metadata["help"] + f" (default: {default})")
+        elif isinstance(default, list):
+            parser.add_argument(flag, dest=f.name, type=int, nargs="+", default=None,
+                                metavar="N", help=f.metadata["help"] + f" (default: {default})")
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(default), default=None,
+                                metavar=type(default).__name__.upper(),
+                                help=f.metadata["help"] + f" (default: {default})")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """Config from ``--config`` (if given) with command-line flags applied on top."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = Config.from_yaml(args.config) if args.config else Config()
+    for f in fields(Config):
+        value = getattr(args, f.name)
+        if value is not None:
+            setattr(cfg, f.name, value)
+    return cfg

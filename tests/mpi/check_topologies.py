@@ -1,0 +1,125 @@
+"""Checks one topology against MPI's own collectives; run under mpiexec by the tests.
+
+Usage: mpiexec -n N python tests/mpi/check_topologies.py TOPOLOGY SEED [--large]
+       mpiexec -n N python tests/mpi/check_topologies.py TOPOLOGY SEED --mismatch
+
+Written in terms of rank and size only, so it passes at any rank count.  Sizes are drawn
+from SEED (the same on every rank), and each rank's data from SEED and its rank.  Rank 0
+prints one line per failed case and a last line ``cases=K failures=F``; the exit status
+is 1 when anything failed.  ``--mismatch`` passes a longer buffer on the last rank and
+expects a BufferMismatchError on some rank, which aborts the job with exit status 3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import topologies
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+def case_sizes(rng: np.random.Generator) -> list[int]:
+    edge = [0, 1, 2, size - 1, size, size + 1, 7, 1023, 65537]
+    return sorted({n for n in edge if n >= 0} | set(rng.integers(0, 300_000, size=3).tolist()))
+
+
+def rank_data(seed: int, n: int, dtype) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank, n])
+    return rng.standard_normal(n).astype(dtype)
+
+
+def same_on_all_ranks(buf: np.ndarray) -> bool:
+    digest = hashlib.sha256(buf.tobytes()).hexdigest()
+    return len(set(comm.allgather(digest))) == 1
+
+
+def check_allreduce(topo, x: np.ndarray, average: bool) -> list[str]:
+    problems = []
+    ref = x.copy()
+    comm.Allreduce(MPI.IN_PLACE, ref, op=MPI.SUM)
+    if average:
+        ref /= size
+    # Any summation order is within n_ranks * eps * sum|x| of any other.
+    abs_sum = np.abs(x)
+    comm.Allreduce(MPI.IN_PLACE, abs_sum, op=MPI.SUM)
+    tol = 4 * size * np.finfo(x.dtype).eps * abs_sum / (size if average else 1) + 1e-30
+
+    y = x.copy()
+    out = topo.allreduce(y, average=average)
+    if out is not y:
+        problems.append("allreduce did not return its buffer")
+    err = np.abs(y.astype(np.float64) - ref)
+    if not np.all(err <= tol):
+        worst = int(np.argmax(err - tol))
+        problems.append(f"differs from MPI_Allreduce at [{worst}]: {y[worst]!r} vs {ref[worst]!r}")
+    if not same_on_all_ranks(y):
+        problems.append("result not byte-identical on all ranks")
+    return problems
+
+
+def check_bcast(topo, x: np.ndarray, root: int) -> list[str]:
+    ref = x.copy()
+    comm.Bcast(ref, root=root)
+    y = x.copy()
+    topo.bcast(y, root=root)
+    return [] if np.array_equal(y, ref) else [f"bcast from root {root} differs from MPI_Bcast"]
+
+
+def run_cases(name: str, seed: int, large: bool) -> int:
+    rng = np.random.default_rng(seed)
+    failures = cases = 0
+    if large:   # 16 Mi elements: the size of a mid-sized network's gradient
+        plan = [(16 * 1024 * 1024, np.float32)]
+    else:
+        plan = [(n, dt) for n in case_sizes(rng) for dt in (np.float32, np.float64)]
+    for n, dtype in plan:
+        topo = topologies.get(name)(comm, root=int(rng.integers(size)))
+        x = rank_data(seed, n, dtype)
+        checks = [(f"allreduce avg={avg}", check_allreduce, avg) for avg in (False, True)]
+        roots = range(size) if n < 100_000 else [size - 1]
+        checks += [(f"bcast root={r}", check_bcast, r) for r in roots]
+        for label, check, arg in checks:
+            cases += 1
+            problems = check(topo, x, arg)
+            flagged = comm.allreduce(len(problems), op=MPI.MAX)
+            if flagged:
+                failures += 1
+                if problems:
+                    print(f"FAIL {name} n={n} {np.dtype(dtype).name} {label} rank {rank}: "
+                          f"{'; '.join(problems)}", flush=True)
+    if rank == 0:
+        print(f"{name} size={size} seed={seed} cases={cases} failures={failures}", flush=True)
+    return failures
+
+
+def run_mismatch(name: str) -> None:
+    n = 1000 + (17 if rank == size - 1 else 0)
+    buf = np.ones(n, dtype=np.float32)
+    try:
+        topologies.get(name)(comm).allreduce(buf)
+    except topologies.BufferMismatchError as err:
+        print(f"rank {rank}: BufferMismatchError: {err}", flush=True)
+        comm.Abort(3)
+        os._exit(3)   # MPICH's MPI_Abort can return before the launcher kills us
+    comm.Barrier()
+    print(f"rank {rank}: mismatched lengths went unnoticed", flush=True)
+    sys.exit(1)
+
+
+def main() -> None:
+    name, seed = sys.argv[1], int(sys.argv[2])
+    if "--mismatch" in sys.argv:
+        run_mismatch(name)
+    failures = run_cases(name, seed, large="--large" in sys.argv)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

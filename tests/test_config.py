@@ -1,0 +1,70 @@
+"""Configuration loading and validation, in one process."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpirl.config import Config, ConfigError, build_parser, parse_args
+
+
+def test_every_field_has_help_and_a_flag():
+    text = build_parser().format_help()
+    for name in Config.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in text
+
+
+def test_yaml_then_flags_override(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("topology: ring\nlr: 1\nhidden: [32, 16]\nlayer_norm: true\n")
+    cfg = parse_args(["--config", str(path), "--seed", "7", "--no-layer-norm"])
+    assert (cfg.topology, cfg.lr, cfg.hidden, cfg.seed, cfg.layer_norm) == \
+        ("ring", 1.0, [32, 16], 7, False)
+
+
+def test_saved_config_loads_back_identically(tmp_path):
+    cfg = Config(topology="tree", hidden=[8], seed=3)
+    cfg.save(tmp_path / "c.yaml")
+    assert Config.from_yaml(tmp_path / "c.yaml") == cfg
+
+
+def test_unknown_field_is_named(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("topolgy: ring\n")
+    with pytest.raises(ConfigError, match="unknown field.*topolgy.*valid fields:"):
+        Config.from_yaml(path)
+
+
+def test_wrong_type_is_named(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("num_envs: four\n")
+    with pytest.raises(ConfigError, match="num_envs='four' is a str; expected int"):
+        Config.from_yaml(path)
+
+
+def test_invalid_yaml_reports_the_line(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("seed: 1\ntopology: [ring\nlr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"exp.yaml line \d+: not valid YAML"):
+        Config.from_yaml(path)
+
+
+def test_missing_file_is_reported(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        Config.from_yaml(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"gamma": 1.5}, "gamma=1.5; allowed: [0.0, 1.0]"),
+    ({"num_envs": 0}, "num_envs=0; allowed: >= 1"),
+    ({"hidden": [64, 0]}, "hidden=[64, 0]"),
+    ({"activation": "gelu"}, "choose one of: tanh, relu, elu"),
+])
+def test_validation_names_field_and_allowed_values(changes, fragment):
+    cfg = Config(**changes)
+    with pytest.raises(ConfigError) as info:
+        cfg.validate(world_size=2)
+    assert fragment in str(info.value)
+
+
+def test_defaults_are_valid():
+    Config().validate(world_size=4)

@@ -1,0 +1,87 @@
+"""The registry and the checks every topology shares, in one process (a 1-rank world)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from mpi4py import MPI
+
+import topologies
+from topologies.base import Topology, check_buffer
+from topologies.butterfly import fold, rank_of
+from topologies.ring import chunk_bounds
+
+
+def test_get_returns_each_registered_class():
+    for name in topologies.names():
+        cls = topologies.get(name)
+        assert issubclass(cls, Topology) and cls.name == name
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(topologies.UnknownTopologyError) as info:
+        topologies.get("hypercube")
+    message = str(info.value)
+    assert "hypercube" in message
+    for name in topologies.names():
+        assert name in message
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ([1.0, 2.0], "numpy.ndarray"),
+    (np.ones(4, dtype=np.int32), "allowed dtypes: float32, float64"),
+    (np.ones(8, dtype=np.float32)[::2], "not C-contiguous"),
+    (np.ones((4, 4), dtype=np.float64).T, "not C-contiguous"),
+])
+@pytest.mark.parametrize("name", topologies.names())
+def test_bad_buffers_are_rejected_with_a_reason(name, bad, fragment):
+    topo = topologies.get(name)(MPI.COMM_WORLD)
+    with pytest.raises(topologies.TopologyError, match=fragment):
+        topo.allreduce(bad)
+    with pytest.raises(topologies.TopologyError, match=fragment):
+        topo.bcast(bad)
+
+
+def test_read_only_buffer_is_rejected():
+    buf = np.ones(3, dtype=np.float32)
+    buf.flags.writeable = False
+    with pytest.raises(topologies.TopologyError, match="read-only"):
+        check_buffer(buf)
+
+
+def test_two_dimensional_contiguous_buffer_is_reduced_in_place():
+    buf = np.arange(6, dtype=np.float64).reshape(2, 3)
+    out = topologies.get("ring")(MPI.COMM_WORLD).allreduce(buf, average=True)
+    assert out is buf and buf.shape == (2, 3)
+
+
+@pytest.mark.parametrize("root", [-1, 1, 2.0, True, "0"])
+def test_root_out_of_range_is_rejected(root):
+    with pytest.raises(topologies.TopologyError, match=r"allowed: 0\.\.0"):
+        topologies.get("tree")(MPI.COMM_WORLD, root=root)
+    topo = topologies.get("tree")(MPI.COMM_WORLD)
+    with pytest.raises(topologies.TopologyError, match=r"allowed: 0\.\.0"):
+        topo.bcast(np.ones(2), root=root)
+
+
+@given(st.integers(min_value=1, max_value=4096))
+def test_butterfly_fold_maps_participants_one_to_one(size):
+    newranks = [fold(r, size)[0] for r in range(size)]
+    pof2 = fold(0, size)[1]
+    participants = sorted(n for n in newranks if n >= 0)
+    assert participants == list(range(pof2))
+    assert pof2 <= size < 2 * pof2
+    for r, n in enumerate(newranks):
+        if n >= 0:
+            assert rank_of(n, size) == r
+        else:   # a folded rank hands its data to the participant just above it
+            assert fold(r + 1, size)[0] >= 0
+
+
+@given(st.integers(min_value=0, max_value=10**7), st.integers(min_value=1, max_value=4096))
+def test_ring_chunks_cover_the_buffer_without_overlap(count, size):
+    bounds = chunk_bounds(count, size)
+    assert bounds[0] == 0 and bounds[-1] == count and len(bounds) == size + 1
+    lengths = np.diff(bounds)
+    assert lengths.min() >= 0 and lengths.max() - lengths.min() <= 1

@@ -1,0 +1,192 @@
+"""The one interface every topology implements, and the checks they share.
+
+A topology moves bytes and nothing else: it knows no RL, no torch, no model.  It works
+in place on one flat, C-contiguous numpy buffer (float32 or float64) with mpi4py's
+buffer (upper-case) methods, so no call pickles and no call sends one message per
+tensor.  The communicator is passed in at construction; there are no hidden globals.
+
+Contract, checked by ``tests/test_topologies.py`` at several rank counts:
+
+* ``allreduce(buf)`` leaves the element-wise sum over all ranks in ``buf`` on every
+  rank (``average=True``: the sum divided by the rank count), byte-identical on every
+  rank and equal to ``MPI_Allreduce`` up to float rounding (the summation order may
+  differ from MPI's).
+* ``bcast(buf, root=r)`` leaves rank ``r``'s buffer on every rank.
+* Every rank must call with a buffer of the same length and dtype; point-to-point
+  topologies check the length of every message they receive and raise
+  :class:`BufferMismatchError` naming both lengths instead of computing garbage.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+from mpi4py import MPI
+
+#: dtypes a buffer may have, with the MPI datatype each maps to.
+MPI_DTYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
+
+
+class TopologyError(ValueError):
+    """Bad input to a topology: wrong buffer, root out of range, mismatched lengths."""
+
+
+class BufferMismatchError(TopologyError):
+    """A rank received a message whose length differs from its own buffer's."""
+
+
+class CommStats:
+    """Running totals of what this rank's topology calls sent and received."""
+
+    __slots__ = ("calls", "messages_sent", "bytes_sent", "bytes_recv")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.messages_sent = 0
+        self.bytes_sent = 0
+        self.bytes_recv = 0
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def check_buffer(buf, what: str = "buffer") -> np.ndarray:
+    """Return ``buf`` as a flat view, or raise TopologyError saying what is allowed."""
+    if not isinstance(buf, np.ndarray):
+        raise TopologyError(
+            f"{what} must be a numpy.ndarray of float32 or float64, got {type(buf).__name__}")
+    if buf.dtype not in MPI_DTYPES:
+        raise TopologyError(
+            f"{what} has dtype {buf.dtype}; allowed dtypes: float32, float64")
+    if not buf.flags.c_contiguous:
+        raise TopologyError(
+            f"{what} is not C-contiguous (a strided view?); pass one flat contiguous "
+            "buffer, e.g. numpy.ascontiguousarray(x)")
+    if not buf.flags.writeable:
+        raise TopologyError(f"{what} is read-only; topologies work in place")
+    return buf.reshape(-1)
+
+
+class Topology(abc.ABC):
+    """Allreduce and broadcast over ``comm``, in place on one flat buffer.
+
+    Subclasses implement :meth:`_allreduce_sum` and :meth:`_bcast` on an already
+    checked flat buffer, and register themselves with one row in
+    ``topologies/__init__.py``.
+    """
+
+    #: registry name, set by each subclass.
+    name: str = ""
+    #: True when there is a distinguished rank that everything flows through.
+    has_master: bool = False
+
+    def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, root: int = 0) -> None:
+        if comm == MPI.COMM_NULL:
+            raise TopologyError("comm is MPI.COMM_NULL; pass a valid communicator")
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.root = self._check_root(root)
+        self.stats = CommStats()
+        self._scratch_by_dtype: dict[np.dtype, np.ndarray] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size}, root={self.root})"
+
+    # -- public interface ---------------------------------------------------------------
+    def allreduce(self, buf: np.ndarray, *, average: bool = False) -> np.ndarray:
+        """Sum ``buf`` over all ranks in place (divide by the rank count if ``average``)."""
+        flat = check_buffer(buf)
+        self.stats.calls += 1
+        if self.size > 1:
+            self._allreduce_sum(flat)
+        if average and self.size > 1:
+            np.divide(flat, self.size, out=flat)
+        return buf
+
+    def bcast(self, buf: np.ndarray, *, root: int | None = None) -> np.ndarray:
+        """Copy rank ``root``'s ``buf`` into ``buf`` on every rank (default: ``self.root``)."""
+        flat = check_buffer(buf)
+        root = self.root if root is None else self._check_root(root)
+        self.stats.calls += 1
+        if self.size > 1:
+            self._bcast(flat, root)
+        return buf
+
+    # -- what each topology implements ---------------------------------------------------
+    @abc.abstractmethod
+    def _allreduce_sum(self, buf: np.ndarray) -> None:
+        """Element-wise sum over ranks, in place, identical bytes on every rank."""
+
+    @abc.abstractmethod
+    def _bcast(self, buf: np.ndarray, root: int) -> None:
+        """Rank ``root``'s contents into ``buf`` on every rank."""
+
+    # -- helpers shared by the point-to-point topologies ----------------------------------
+    def _check_root(self, root: int) -> int:
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) \
+                or not 0 <= root < self.size:
+            raise TopologyError(
+                f"root={root!r} is not a rank of this communicator; allowed: 0..{self.size - 1}")
+        return int(root)
+
+    def _scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """A reusable receive buffer of ``count`` elements (grown, never shrunk)."""
+        scratch = self._scratch_by_dtype.get(dtype)
+        if scratch is None or scratch.size < count:
+            scratch = np.empty(max(count, 1), dtype=dtype)
+            self._scratch_by_dtype[dtype] = scratch
+        return scratch[:count]
+
+    def _send(self, buf: np.ndarray, dest: int, tag: int) -> None:
+        self.comm.Send(_msg(buf), dest=dest, tag=tag)
+        self._count_sent(buf)
+
+    def _recv(self, buf: np.ndarray, source: int, tag: int) -> None:
+        status = MPI.Status()
+        try:
+            self.comm.Recv(_msg(buf), source=source, tag=tag, status=status)
+        except MPI.Exception as err:
+            self._raise_mismatch(err, buf, source)
+        self._check_count(status, buf, source)
+
+    def _sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
+                  tag: int) -> None:
+        status = MPI.Status()
+        try:
+            self.comm.Sendrecv(_msg(sendbuf), dest, tag, _msg(recvbuf), source, tag,
+                               status=status)
+        except MPI.Exception as err:
+            self._raise_mismatch(err, recvbuf, source)
+        self._count_sent(sendbuf)
+        self._check_count(status, recvbuf, source)
+
+    def _count_sent(self, buf: np.ndarray) -> None:
+        self.stats.messages_sent += 1
+        self.stats.bytes_sent += buf.nbytes
+
+    def _check_count(self, status: MPI.Status, buf: np.ndarray, source: int) -> None:
+        got = status.Get_count(MPI_DTYPES[buf.dtype])
+        if got != buf.size:
+            raise BufferMismatchError(
+                f"{self.name}: rank {self.rank} expected {buf.size} elements from rank "
+                f"{source} but received {got}; every rank must pass a buffer of the same "
+                "length and dtype")
+        self.stats.bytes_recv += buf.nbytes
+
+    def _raise_mismatch(self, err: MPI.Exception, buf: np.ndarray, source: int):
+        if err.Get_error_class() == MPI.ERR_TRUNCATE:
+            raise BufferMismatchError(
+                f"{self.name}: rank {self.rank} received a message from rank {source} longer "
+                f"than its {buf.size}-element buffer; every rank must pass a buffer of the "
+                "same length and dtype") from err
+        raise err
+
+
+def _msg(buf: np.ndarray):
+    """The mpi4py buffer spec for a flat float array: no datatype lookup, no copy."""
+    return [buf, MPI_DTYPES[buf.dtype]]

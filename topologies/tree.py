@@ -1,0 +1,67 @@
+"""Tree: binomial-tree reduce to the root, then binomial-tree broadcast from it.
+
+Ranks are renumbered relative to the root, ``vrank = (rank - root) mod size``, so any
+rank can be the root (the trick of MPICH's and SimGrid's binomial collectives).  In
+round k (mask = 2^k) a rank whose vrank has bit k set sends its partial sum to
+``vrank - mask`` and is done; the others receive from ``vrank + mask`` if that rank
+exists.  Reduce and broadcast each take ceil(log2 N) rounds instead of the N-1 sends of
+the star, and no rank ever receives more than log2 N messages.
+
+The root holds the only complete sum and broadcasts it, so every rank ends with the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Topology
+
+_TAG_REDUCE = 21
+_TAG_BCAST = 22
+
+
+def binomial_bcast(topo: Topology, buf: np.ndarray, root: int, tag: int) -> None:
+    """Broadcast ``buf`` from ``root`` along a binomial tree, over ``topo``'s messaging.
+
+    A non-root rank first receives from its parent (clear its lowest set bit), then
+    forwards to its children vrank + 2^j for every 2^j below that bit, largest first, so
+    the deepest subtree starts earliest.
+    """
+    size, vrank = topo.size, (topo.rank - root) % topo.size
+    mask = 1
+    while mask < size:
+        if vrank & mask:
+            topo._recv(buf, (vrank - mask + root) % size, tag)
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask > 0:
+        if vrank + mask < size:
+            topo._send(buf, (vrank + mask + root) % size, tag)
+        mask >>= 1
+
+
+class Tree(Topology):
+    """Binomial reduce to ``root`` followed by binomial broadcast from it."""
+
+    name = "tree"
+
+    def _allreduce_sum(self, buf: np.ndarray) -> None:
+        size, root = self.size, self.root
+        vrank = (self.rank - root) % size
+        incoming = self._scratch(buf.size, buf.dtype)
+        mask = 1
+        while mask < size:
+            if vrank & mask:
+                self._send(buf, (vrank - mask + root) % size, _TAG_REDUCE)
+                break
+            child = vrank | mask
+            if child < size:
+                self._recv(incoming, (child + root) % size, _TAG_REDUCE)
+                np.add(buf, incoming, out=buf)
+            mask <<= 1
+        binomial_bcast(self, buf, root, _TAG_REDUCE + 100)
+
+    def _bcast(self, buf: np.ndarray, root: int) -> None:
+        binomial_bcast(self, buf, root, _TAG_BCAST)
