@@ -11,10 +11,33 @@ import torch
 from .model import ActorCritic
 
 
-def make_envs(env_id: str, num_envs: int, seed: int) -> gymnasium.vector.SyncVectorEnv:
+class ActionRepeat(gymnasium.Wrapper):
+    """Apply each action ``k`` times, summing the rewards (one of the book's five tricks)."""
+
+    def __init__(self, env: gymnasium.Env, k: int) -> None:
+        super().__init__(env)
+        self.k = k
+
+    def step(self, action):
+        total = 0.0
+        for _ in range(self.k):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        return obs, total, terminated, truncated, info
+
+
+def make_envs(env_id: str, num_envs: int, seed: int,
+              action_repeat: int = 1) -> gymnasium.vector.SyncVectorEnv:
     """``num_envs`` copies of ``env_id`` that reset themselves in the step that ends them."""
+
+    def make():
+        env = gymnasium.make(env_id)
+        return ActionRepeat(env, action_repeat) if action_repeat > 1 else env
+
     envs = gymnasium.vector.SyncVectorEnv(
-        [lambda: gymnasium.make(env_id) for _ in range(num_envs)],
+        [make for _ in range(num_envs)],
         autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP)
     envs.action_space.seed(seed)
     return envs
@@ -31,8 +54,10 @@ class Batch:
 class Roller:
     """Steps a vector of envs with the current policy and keeps episode statistics."""
 
-    def __init__(self, envs: gymnasium.vector.VectorEnv, gamma: float, gae_lambda: float) -> None:
+    def __init__(self, envs: gymnasium.vector.VectorEnv, gamma: float, gae_lambda: float,
+                 reward_scale: bool = False) -> None:
         self.envs, self.gamma, self.gae_lambda = envs, gamma, gae_lambda
+        self.reward_scale = reward_scale
         self.obs: torch.Tensor | None = None   # set by start()
         self._running_return = np.zeros(envs.num_envs)
         self._running_length = np.zeros(envs.num_envs, dtype=np.int64)
@@ -54,8 +79,8 @@ class Roller:
         """Run ``steps`` steps in every env; returns the batch with GAE advantages."""
         n = self.envs.num_envs
         obs_buf = torch.empty((steps, n, *self.obs.shape[1:]))
-        act_buf, rew_buf, done_buf, val_buf = [], torch.empty(steps, n), torch.empty(steps, n), \
-            torch.empty(steps, n)
+        act_buf = []
+        rew_buf, boot_buf, done_buf, val_buf = (torch.zeros(steps, n) for _ in range(4))
         for t in range(steps):
             with timer("forward_s"):
                 dist, value = model(self.obs)
@@ -71,7 +96,7 @@ class Roller:
                 final = np.stack([info["final_obs"][i] for i in np.flatnonzero(truncated)])
                 with timer("forward_s"):
                     boot = model.value(torch.as_tensor(final, dtype=torch.float32)).squeeze(-1)
-                reward[truncated] += self.gamma * boot.numpy()
+                boot_buf[t, torch.as_tensor(truncated)] = self.gamma * boot
             obs_buf[t], val_buf[t] = self.obs, value
             act_buf.append(action)
             rew_buf[t] = torch.as_tensor(reward)
@@ -79,7 +104,9 @@ class Roller:
             self.obs = torch.as_tensor(next_obs, dtype=torch.float32)
         with timer("forward_s"):
             last_value = model.value(self.obs).squeeze(-1)
-        adv = self._gae(rew_buf, val_buf, done_buf, last_value)
+        if self.reward_scale:   # the book's trick: rewards divided by the batch's std
+            rew_buf /= rew_buf.std() + 1e-8
+        adv = self._gae(rew_buf + boot_buf, val_buf, done_buf, last_value)
         actions = torch.stack(act_buf)
         return Batch(obs=obs_buf.flatten(0, 1), actions=actions.flatten(0, 1),
                      returns=(adv + val_buf).flatten(), advantages=adv.flatten())

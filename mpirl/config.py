@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-MODES = ("sync",)
+MODES = ("sync", "async", "quorum")
+LATE_POLICIES = ("drop", "apply")
 ACTIVATIONS = ("tanh", "relu", "elu")
 
 
@@ -34,8 +35,21 @@ class Config:
 
     # --- what is compared ------------------------------------------------------------
     topology: str = _doc("gradient exchange, a name registered in topologies/", default="butterfly")
-    mode: str = _doc("training design: sync (every rank waits for the allreduce each update)",
-                     default="sync")
+    mode: str = _doc(
+        "training design: sync (every rank computes a gradient, all are averaged by the "
+        "topology's allreduce, every rank steps: A2C/DPPO); async (rank 0 is a parameter "
+        "server that applies each worker's gradient on arrival and answers that worker "
+        "alone: A3C; needs topology star); quorum (the server waits for --quorum fresh "
+        "gradients, averages them, steps and answers: DPPO's leader; needs topology star)",
+        default="sync")
+    quorum: int = _doc("quorum mode: fresh gradients the server waits for per update; "
+                       "0 = half the workers, rounded up", default=0)
+    late: str = _doc("quorum mode: a gradient computed on old parameters is 'drop'ped or "
+                     "'apply'd with the fresh ones (counted and logged either way)",
+                     default="drop")
+    straggler: list = _doc(
+        "slow ranks, as RANK:FACTOR (repeatable): after each rollout the rank idles "
+        "(FACTOR-1) times as long as the rollout took", default_factory=list)
     # --- environment and budget ----------------------------------------------------
     env: str = _doc("gymnasium environment id", default="CartPole-v1")
     seed: int = _doc("base seed; rank r seeds its env with seed + 10000*r", default=1)
@@ -56,6 +70,11 @@ class Config:
                         default_factory=lambda: [64, 64])
     activation: str = _doc("hidden activation: tanh, relu or elu", default="tanh")
     layer_norm: bool = _doc("layer normalisation after every hidden layer", default=False)
+    reward_scale: bool = _doc("divide each batch's rewards by their standard deviation",
+                              default=False)
+    action_repeat: int = _doc("apply each action this many times (rewards summed)", default=1)
+    update_repeat: int = _doc("learn each batch this many times (a fresh gradient each time)",
+                              default=1)
     # --- bookkeeping ---------------------------------------------------------------------
     run_dir: str = _doc("parent directory of run directories", default="runs")
     run_name: str = _doc("name of this run's directory (default: topology-mode-Nranks-time)",
@@ -66,6 +85,18 @@ class Config:
         "updates; a mismatch stops the run; 0 disables", default=50)
     torch_threads: int = _doc("torch threads per rank; 0 = cores / ranks on this node",
                               default=0)
+    wait_timeout_s: float = _doc(
+        "deadline for any single wait on another rank (async/quorum server and workers); "
+        "a rank silent for longer stops the run with an error", default=300.0)
+
+    # -- derived ---------------------------------------------------------------------------
+    def slowdown_of(self, rank: int) -> float:
+        """The straggler factor of ``rank`` (1.0 when it is not a straggler)."""
+        return parse_stragglers(self.straggler).get(rank, 1.0)
+
+    def quorum_size(self, world_size: int) -> int:
+        """Fresh gradients per quorum update: ``quorum`` or half the workers, rounded up."""
+        return self.quorum or -(-(world_size - 1) // 2)
 
     # -- loading --------------------------------------------------------------------------
     @classmethod
@@ -101,29 +132,65 @@ class Config:
 
         _choice("mode", self.mode, MODES)
         _choice("topology", self.topology, topologies.names())
+        _choice("late", self.late, LATE_POLICIES)
+        if self.mode != "sync":
+            if self.topology != "star":
+                raise ConfigError(
+                    f"mode={self.mode!r} runs a parameter server, the star topology used "
+                    f"asynchronously; topology={self.topology!r} is not allowed with it "
+                    "(use --topology star, or --mode sync)")
+            if world_size < 2:
+                raise ConfigError(f"mode={self.mode!r} needs at least 2 ranks (a server and a "
+                                  f"worker), got {world_size}; launch with mpirun -np 2 or more")
+        if self.mode == "quorum" and not 0 <= self.quorum <= world_size - 1:
+            raise ConfigError(f"quorum={self.quorum}; allowed with {world_size} ranks: "
+                              f"0..{world_size - 1} (0 = half the workers)")
+        for rank in parse_stragglers(self.straggler):
+            if rank >= world_size:
+                raise ConfigError(f"straggler rank {rank} does not exist; allowed ranks: "
+                                  f"0..{world_size - 1}")
         _choice("activation", self.activation, ACTIVATIONS)
         if self.env not in gymnasium.registry:
             close = [e for e in gymnasium.registry if self.env.split("-")[0].lower() in e.lower()]
             hint = f" (did you mean {', '.join(close[:5])}?)" if close else ""
             raise ConfigError(f"env={self.env!r} is not a registered gymnasium id{hint}")
-        for name in ("total_steps", "num_envs", "rollout_steps", "log_every"):
+        for name in ("total_steps", "num_envs", "rollout_steps", "log_every", "action_repeat",
+                     "update_repeat"):
             _at_least(name, getattr(self, name), 1)
         for name in ("checksum_every", "torch_threads"):
             _at_least(name, getattr(self, name), 0)
         _in_range("lr", self.lr, 0.0, 1.0, low_open=True)
+        _at_least("wait_timeout_s", self.wait_timeout_s, 0.1)
         _in_range("gamma", self.gamma, 0.0, 1.0)
         _in_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
         for name in ("value_coef", "entropy_coef", "max_grad_norm"):
             _at_least(name, getattr(self, name), 0.0)
         if not self.hidden or not all(isinstance(h, int) and h > 0 for h in self.hidden):
             raise ConfigError(f"hidden={self.hidden!r}; allowed: a non-empty list of positive ints")
-        per_update = world_size * self.num_envs * self.rollout_steps
+        workers = world_size if self.mode == "sync" else world_size - 1
+        per_update = workers * self.num_envs * self.rollout_steps * self.action_repeat
         if self.total_steps < per_update:
             raise ConfigError(
                 f"total_steps={self.total_steps} is less than one update "
-                f"({world_size} ranks x num_envs {self.num_envs} x rollout_steps "
-                f"{self.rollout_steps} = {per_update}); raise total_steps")
+                f"({workers} experience-collecting ranks x num_envs {self.num_envs} x "
+                f"rollout_steps {self.rollout_steps} x action_repeat {self.action_repeat} = "
+                f"{per_update}); raise total_steps")
         return self
+
+
+def parse_stragglers(specs: list) -> dict[int, float]:
+    """``["1:3", "2:1.5"]`` -> ``{1: 3.0, 2: 1.5}``; malformed entries raise ConfigError."""
+    out: dict[int, float] = {}
+    for spec in specs:
+        try:
+            rank_text, factor_text = str(spec).split(":")
+            rank, factor = int(rank_text), float(factor_text)
+        except ValueError:
+            raise ConfigError(f"straggler={spec!r}; expected RANK:FACTOR, e.g. 1:3") from None
+        if rank < 0 or not factor >= 1.0:
+            raise ConfigError(f"straggler={spec!r}; allowed: RANK >= 0 and FACTOR >= 1")
+        out[rank] = factor
+    return out
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -196,6 +263,9 @@ def build_parser(prog: str = "python -m mpirl.run") -> argparse.ArgumentParser:
         if isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=f.metadata["help"] + f" (default: {default})")
+        elif f.name == "straggler":
+            parser.add_argument(flag, dest=f.name, action="append", default=None,
+                                metavar="RANK:FACTOR", help=f.metadata["help"])
         elif isinstance(default, list):
             parser.add_argument(flag, dest=f.name, type=int, nargs="+", default=None,
                                 metavar="N", help=f.metadata["help"] + f" (default: {default})")

@@ -11,6 +11,7 @@ second, not a torch start-up per rank.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .config import ConfigError, build_parser, parse_args
@@ -34,13 +35,20 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)
         return 2
-    from .train import ReplicaDivergence, train   # heavy: torch
+    from .modes.sync import ReplicaDivergence   # heavy imports (torch) only from here on
+    from .train import train
     try:
-        return train(cfg, comm)
-    except ReplicaDivergence as err:
+        train(cfg, comm)
+    except ReplicaDivergence as err:        # seen by every rank alike: a clean exit
         if rank == 0:
             print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)
         return 3
+    except Exception as err:                # seen by this rank alone: end the whole job now
+        print(f"mpirl.run: error on rank {rank}: {type(err).__name__}: {err}",
+              file=sys.stderr, flush=True)
+        comm.Abort(1)
+        os._exit(1)     # MPICH's MPI_Abort may return before the launcher kills this rank
+    return 0
 
 
 if __name__ == "__main__":

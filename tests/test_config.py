@@ -68,3 +68,11 @@ def test_validation_names_field_and_allowed_values(changes, fragment):
 
 def test_defaults_are_valid():
     Config().validate(world_size=4)
+
+
+def test_server_modes_need_a_worker_and_the_star():
+    with pytest.raises(ConfigError, match="needs at least 2 ranks"):
+        Config(mode="async", topology="star").validate(world_size=1)
+    with pytest.raises(ConfigError, match="use --topology star"):
+        Config(mode="quorum", topology="ring").validate(world_size=4)
+    assert Config(mode="quorum", topology="star").quorum_size(world_size=6) == 3

@@ -31,7 +31,9 @@ def test_sync_run_writes_config_and_progress(tmp_path, name):
     # 1536 steps / (3 ranks * 2 envs * 16 steps) = 16 updates, logged every 4
     assert [int(r["update"]) for r in rows] == [4, 8, 12, 16]
     assert int(rows[-1]["env_steps"]) == 1536
-    assert float(rows[-1]["exchange_s"]) > 0
+    assert 0 < float(rows[-1]["comm_share"]) < 1
+    summary = yaml.safe_load((run_dir / "summary.json").read_text())
+    assert summary["updates"] == 16 and summary["gradients_sent"] == 48
 
 
 def test_sync_run_learns_cartpole(tmp_path):
@@ -51,6 +53,10 @@ def test_sync_run_learns_cartpole(tmp_path):
     (["--env", "CartPol-v1"], "not a registered gymnasium id"),
     (["--num-envs", "many"], "argument --num-envs: invalid int value"),
     (["--total-steps", "10"], "less than one update"),
+    (["--mode", "async"], "topology='butterfly' is not allowed with it"),
+    (["--mode", "quorum", "--topology", "star", "--quorum", "2"], "quorum=2; allowed with 2"),
+    (["--straggler", "7:2"], "straggler rank 7 does not exist"),
+    (["--straggler", "1x2"], "expected RANK:FACTOR"),
 ])
 def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
     result = run_mpi(2, ["-m", "mpirl.run", *args, "--run-dir", str(tmp_path)],

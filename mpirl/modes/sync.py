@@ -1,0 +1,84 @@
+"""sync (A2C / synchronous DPPO): every rank's gradient, averaged by one allreduce, every step.
+
+Per batch and per update repeat, on every rank:
+
+    replica.gradient(batch)                                 # backward into flat.grad_np
+    topo.allreduce(replica.flat.grad_np, average=True)      # the whole exchange
+    replica.apply()                                         # the same Adam step everywhere
+
+Identical initial parameters (broadcast from rank 0), identical averaged gradients and
+a deterministic optimizer keep the replicas byte-identical; every ``checksum_every``
+updates a SHA-256 of parameters and Adam state is compared across ranks to prove it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mpi4py import MPI
+
+import topologies
+
+from ..config import Config
+from ..progress import Progress
+from ..replica import Replica
+from ..timing import PhaseTimer
+from .common import Episodes, Summary, final_mean_return, sum_to_root
+
+
+class ReplicaDivergence(RuntimeError):
+    """Ranks hold different parameters or optimizer state: the comparison is void."""
+
+
+def check_replicas(replica: Replica, comm: MPI.Comm, update: int) -> None:
+    replica.flat.check_views()
+    digests = comm.allgather(replica.digest())
+    if len(set(digests)) != 1:
+        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise ReplicaDivergence(
+            f"replicas diverged by update {update}: ranks {odd} differ from rank 0 in "
+            "parameters or optimizer state")
+
+
+def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
+    rank, size = comm.Get_rank(), comm.Get_size()
+    replica = Replica(cfg, rank)
+    topo = topologies.get(cfg.topology)(comm)
+    topo.bcast(replica.flat.param_np, root=0)     # identical start, whatever torch did
+    grad = replica.flat.grad_np
+
+    batches = cfg.total_steps // (size * replica.steps_per_batch)
+    timer, phases = PhaseTimer(), {}
+    episodes = Episodes()
+    progress = Progress(run_dir, enabled=rank == 0)
+    update = 0
+    for batch_index in range(1, batches + 1):
+        batch = replica.collect(timer)
+        for _ in range(cfg.update_repeat):
+            replica.gradient(batch, timer)
+            with timer("exchange_s"):
+                topo.allreduce(grad, average=True)
+            replica.apply(timer)
+            update += 1
+            if cfg.checksum_every and update % cfg.checksum_every == 0:
+                check_replicas(replica, comm, update)
+        episodes.add(replica.roller.drain_episodes())
+        for phase, seconds in timer.take().items():
+            phases[phase] = phases.get(phase, 0.0) + seconds
+        if batch_index % cfg.log_every == 0 or batch_index == batches:
+            return_sum, count = sum_to_root(comm, episodes.take_window())
+            busy = sum(phases.values())
+            progress.report(update=update, env_steps=batch_index * size * replica.steps_per_batch,
+                            episodes=count, return_sum=return_sum,
+                            comm_share=phases.get("exchange_s", 0.0) / busy if busy else 0.0)
+    if cfg.checksum_every:
+        check_replicas(replica, comm, update)
+    progress.close()
+    busy = sum(phases.values())
+    share = comm.allreduce(phases.get("exchange_s", 0.0) / busy if busy else 0.0) / size
+    return Summary(mode="sync", topology=cfg.topology, ranks=size, updates=update,
+                   env_steps=batches * size * replica.steps_per_batch,
+                   wall_s=progress.elapsed(), gradients_sent=update * size,
+                   gradients_applied=update * size, gradients_dropped=0,
+                   final_mean_return=final_mean_return(comm, episodes), comm_share=share,
+                   phase_s=phases, param_digest=replica.param_digest())

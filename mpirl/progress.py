@@ -1,0 +1,47 @@
+"""What rank 0 (or the parameter server) prints while a run goes, and progress.csv."""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from pathlib import Path
+
+COLUMNS = ("update", "env_steps", "wall_s", "episodes", "mean_return", "steps_per_s",
+           "comm_share", "mean_staleness")
+
+
+class Progress:
+    """One CSV row and one console line per report; a no-op on ranks that do not report."""
+
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self._file = None
+        if enabled:
+            self._file = open(run_dir / "progress.csv", "w", newline="")
+            self._csv = csv.writer(self._file)
+            self._csv.writerow(COLUMNS)
+
+    def report(self, *, update: int, env_steps: int, episodes: float, return_sum: float,
+               comm_share: float, mean_staleness: float = math.nan) -> None:
+        if not self.enabled:
+            return
+        wall = time.perf_counter() - self.start
+        mean = return_sum / episodes if episodes else math.nan
+        rate = env_steps / wall if wall > 0 else math.nan
+        episodes = int(episodes)
+        self._csv.writerow([update, env_steps, f"{wall:.3f}", episodes, f"{mean:.3f}",
+                            f"{rate:.1f}", f"{comm_share:.4f}", f"{mean_staleness:.3f}"])
+        self._file.flush()
+        stale = "" if math.isnan(mean_staleness) else f"  staleness {mean_staleness:5.2f}"
+        print(f"update {update:6d}  steps {env_steps:9d}  return {mean:8.2f} "
+              f"({episodes:3d} ep)  {rate:7.0f} steps/s  comm {100 * comm_share:4.1f}%{stale}",
+              flush=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
