@@ -49,6 +49,7 @@ class Batch:
     actions: torch.Tensor    # [T*E] or [T*E, act_dim]
     returns: torch.Tensor    # [T*E]
     advantages: torch.Tensor  # [T*E]
+    logp_old: torch.Tensor   # [T*E] log-probability of the action when it was taken
 
 
 class Roller:
@@ -80,11 +81,12 @@ class Roller:
         n = self.envs.num_envs
         obs_buf = torch.empty((steps, n, *self.obs.shape[1:]))
         act_buf = []
-        rew_buf, boot_buf, done_buf, val_buf = (torch.zeros(steps, n) for _ in range(4))
+        rew_buf, boot_buf, done_buf, val_buf, logp_buf = (torch.zeros(steps, n) for _ in range(5))
         for t in range(steps):
             with timer("forward_s"):
                 dist, value = model(self.obs)
                 action = dist.sample()
+                logp_buf[t] = dist.log_prob(action)
             env_action = action.numpy()
             if not model.discrete:
                 env_action = np.clip(env_action, self._low, self._high)
@@ -109,7 +111,8 @@ class Roller:
         adv = self._gae(rew_buf + boot_buf, val_buf, done_buf, last_value)
         actions = torch.stack(act_buf)
         return Batch(obs=obs_buf.flatten(0, 1), actions=actions.flatten(0, 1),
-                     returns=(adv + val_buf).flatten(), advantages=adv.flatten())
+                     returns=(adv + val_buf).flatten(), advantages=adv.flatten(),
+                     logp_old=logp_buf.flatten())
 
     def _gae(self, rewards, values, dones, last_value) -> torch.Tensor:
         adv = torch.zeros_like(rewards)
@@ -132,11 +135,22 @@ class Roller:
             self._running_length[i] = 0
 
 
-def a2c_loss(model: ActorCritic, batch: Batch, value_coef: float, entropy_coef: float):
-    """Policy-gradient loss with advantages, value regression, entropy bonus."""
+def actor_critic_loss(model: ActorCritic, batch: Batch, value_coef: float,
+                      entropy_coef: float, clip_ratio: float = 0.0):
+    """Policy-gradient loss with advantages, value regression, entropy bonus.
+
+    ``clip_ratio`` 0 gives A2C's ``-logp * A``; above 0, PPO's clipped surrogate
+    ``-min(r A, clip(r, 1-e, 1+e) A)`` with ``r = exp(logp - logp_old)``, the objective of
+    DPPO (Heess et al. 2017), whose repeated updates on one batch (``update_repeat``)
+    it keeps close to the policy that collected it."""
     dist, value = model(batch.obs)
     logp = dist.log_prob(batch.actions)
-    policy_loss = -(logp * batch.advantages).mean()
+    if clip_ratio > 0:
+        ratio = torch.exp(logp - batch.logp_old)
+        clipped = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+        policy_loss = -torch.min(ratio * batch.advantages, clipped * batch.advantages).mean()
+    else:
+        policy_loss = -(logp * batch.advantages).mean()
     value_loss = 0.5 * (batch.returns - value).pow(2).mean()
     entropy = dist.entropy().mean()
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy

@@ -64,6 +64,9 @@ class Config:
     gae_lambda: float = _doc("GAE lambda; 1.0 gives plain n-step returns", default=0.95)
     value_coef: float = _doc("weight of the value loss", default=0.5)
     entropy_coef: float = _doc("weight of the entropy bonus", default=0.01)
+    clip_ratio: float = _doc("PPO clipped objective with this epsilon (DPPO; pair it with "
+                             "--update-repeat); 0 = plain advantage actor-critic",
+                             default=0.0)
     max_grad_norm: float = _doc("clip the averaged gradient to this norm; 0 disables",
                                 default=0.5)
     hidden: list = _doc("hidden layer widths of the actor-critic MLP",
@@ -79,7 +82,13 @@ class Config:
     run_dir: str = _doc("parent directory of run directories", default="runs")
     run_name: str = _doc("name of this run's directory (default: topology-mode-Nranks-time)",
                          default="")
-    log_every: int = _doc("print progress every this many updates (rank 0)", default=20)
+    log_every: int = _doc(
+        "progress line every this many rollouts (sync: rank 0) or server updates "
+        "(async, quorum)", default=20)
+    target_return: float = _doc(
+        "stop early once every experience-collecting rank has finished 20 episodes and the "
+        "mean over ranks of their last-20-episode mean return reaches this (checked at "
+        "each progress line); 0 disables", default=0.0)
     checksum_every: int = _doc(
         "compare a checksum of parameters and optimizer state across ranks every this many "
         "updates; a mismatch stops the run; 0 disables", default=50)
@@ -163,6 +172,7 @@ class Config:
         _at_least("wait_timeout_s", self.wait_timeout_s, 0.1)
         _in_range("gamma", self.gamma, 0.0, 1.0)
         _in_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
+        _in_range("clip_ratio", self.clip_ratio, 0.0, 1.0)
         for name in ("value_coef", "entropy_coef", "max_grad_norm"):
             _at_least(name, getattr(self, name), 0.0)
         if not self.hidden or not all(isinstance(h, int) and h > 0 for h in self.hidden):

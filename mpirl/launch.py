@@ -1,9 +1,9 @@
 """How the project starts ``mpiexec``: the command line and the environment it needs.
 
-Tests, ``make run``, the sweep launcher and the Slurm scripts all build their
-``mpiexec`` line here, so the MPICH settings that keep oversubscribed runs fast are set
-in one place.  Users launching ``mpirun`` by hand get the same settings from
-:func:`apply_mpi_defaults`, which ``python -m mpirl.run`` calls before MPI starts.
+Tests, benchmarks and experiment scripts build their ``mpiexec`` line here, so settings
+for MPI live in one place.  Users launching ``mpirun`` by hand get the same treatment:
+``python -m mpirl.run`` and ``python -m mpirl.bench`` call :func:`apply_mpi_defaults`
+before MPI starts, in every rank.
 """
 
 from __future__ import annotations
@@ -13,16 +13,40 @@ import shutil
 import sys
 
 #: MPICH control variables set (unless the user already set them) for every launch.
-#: Ranks blocked in MPI otherwise busy-poll and starve ranks that compute when ranks
-#: outnumber cores; measurements behind these values are in docs/oversubscription.md.
-MPICH_DEFAULTS: dict[str, str] = {}
+#:
+#: What was measured (MPICH 5.0.2 from the wheel, 2 cores; 2, 4 and 8 ranks; a loop of
+#: compute + 1 MiB allreduce + 64 KiB ring exchanges, and 4 KiB / 4 MiB allreduce loops;
+#: ~400 interleaved runs, medians): at mpi4py's default thread level
+#: (MPI_THREAD_MULTIPLE) a rank waiting in MPICH already gives its core away with
+#: sched_yield, so 8 ranks on 2 cores run the mixed loop in 4.3 s against an ideal of
+#: about 2.5 s, and no knob made that materially better:
+#: CH4_PROGRESS_THROTTLE (any count), POSIX_POLL_FREQUENCY, DEVICE_COLLECTIVES=none and
+#: the OFI netmod were within noise; POLLS_BEFORE_YIELD belongs to ch3, absent here;
+#: ENABLE_HEAVY_YIELD=1 gained ~15-20% on the mixed loop at 8 ranks but made a 4 KiB
+#: allreduce ~25x slower at 2 ranks (13 -> 350 us), and made no difference to
+#: `mpirl.run` at 8 ranks (5.9k vs 5.8k env steps/s).  What does starve ranks is a
+#: lower thread level: with MPI_THREAD_SINGLE a 4 MiB allreduce at 3-4 oversubscribed
+#: ranks hung for > 25 s in the shared-memory collective, which spins without
+#: yielding.  Hence: the thread level is pinned to "multiple" (:func:`apply_mpi_defaults`)
+#: and the progress throttle (usleep(1) after a poll that made no progress), neutral in
+#: every measurement above, is set as a guard for users who lower it anyway.
+MPICH_DEFAULTS: dict[str, str] = {
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "1",
+}
 
 
 def apply_mpi_defaults(environ: dict | None = None) -> dict:
-    """Set :data:`MPICH_DEFAULTS` in ``environ`` (default ``os.environ``) where unset."""
+    """Set :data:`MPICH_DEFAULTS` in ``environ`` (default ``os.environ``) where unset.
+
+    Called for this process (``environ`` None), it also pins mpi4py's thread level to
+    MPI_THREAD_MULTIPLE; it must run before ``from mpi4py import MPI``."""
     env = os.environ if environ is None else environ
     for key, value in MPICH_DEFAULTS.items():
         env.setdefault(key, value)
+    if environ is None:
+        import mpi4py
+        mpi4py.rc.thread_level = "multiple"
     return env
 
 

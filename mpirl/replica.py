@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .a2c import Batch, Roller, a2c_loss, make_envs
+from .a2c import Batch, Roller, actor_critic_loss, make_envs
 from .config import Config
 from .flat import FlatParams
 from .model import ActorCritic
@@ -56,7 +56,8 @@ class Replica:
         """Loss on ``batch`` with the current parameters; gradient lands in ``flat.grad_np``."""
         with timer("backward_s"):
             self.flat.zero_grad()
-            loss, info = a2c_loss(self.model, batch, self.cfg.value_coef, self.cfg.entropy_coef)
+            loss, info = actor_critic_loss(self.model, batch, self.cfg.value_coef,
+                                           self.cfg.entropy_coef, self.cfg.clip_ratio)
             loss.backward()
         return info
 

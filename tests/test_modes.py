@@ -60,9 +60,9 @@ def test_sync_is_reproducible_and_topology_independent_at_two_ranks(tmp_path):
     assert len(set(digests.values())) == 1, digests
 
 
-def test_the_books_five_tricks_run_in_sync_and_async(tmp_path):
+def test_the_books_five_tricks_and_ppo_run_in_sync_and_async(tmp_path):
     tricks = ["--reward-scale", "--activation", "elu", "--layer-norm", "--action-repeat", "3",
-              "--update-repeat", "3", "--total-steps", "3000"]
+              "--update-repeat", "3", "--clip-ratio", "0.2", "--total-steps", "3000"]
     _, s = run(tmp_path, 3, *tricks, name="sync")
     assert s["updates"] == 3 * s["env_steps"] // (3 * 2 * 8 * 3)
     _, s = run(tmp_path, 3, *tricks, "--mode", "async", "--topology", "star", name="async")

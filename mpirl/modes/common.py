@@ -27,6 +27,7 @@ class Summary:
     mean_staleness: float = math.nan
     comm_share: float = math.nan            # exchange time / busy time, worker ranks
     phase_s: dict = field(default_factory=dict)   # rank 0's (or worker 1's) seconds per phase
+    reached_target: bool = False            # stopped early by target_return
     param_digest: str = ""                  # SHA-256 of the final parameters (rank 0's)
 
     def as_dict(self) -> dict:
@@ -47,6 +48,12 @@ class Episodes:
             self.window_count += 1
             self.last.append(ret)
 
+    def recent_mean(self) -> float | None:
+        """Mean return of the last ``keep_last`` episodes, once that many have finished."""
+        if len(self.last) < self.last.maxlen:
+            return None
+        return sum(self.last) / len(self.last)
+
     def take_window(self) -> tuple[float, int]:
         out = (self.window_sum, self.window_count)
         self.window_sum, self.window_count = 0.0, 0
@@ -61,12 +68,18 @@ def final_mean_return(comm: MPI.Comm, episodes: Episodes | None) -> float:
     return total / count if count else math.nan
 
 
-def sum_to_root(comm: MPI.Comm, values: tuple[float, ...], root: int = 0) -> tuple:
-    """Element-wise sum of a few numbers over ranks, at ``root`` (zeros elsewhere)."""
-    local = np.asarray(values, dtype=np.float64)
-    total = np.zeros_like(local)
-    comm.Reduce(local, total, op=MPI.SUM, root=root)
+def sum_over_ranks(comm: MPI.Comm, values: tuple[float, ...]) -> tuple:
+    """Element-wise sum of a few numbers over all ranks, known to every rank."""
+    total = np.asarray(values, dtype=np.float64)
+    comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
     return tuple(total.tolist())
+
+
+def reached_target(target: float, recent_means: list[float], ranks: int) -> bool:
+    """True when ``target`` is set, all ``ranks`` have a full window of recent episodes,
+    and the mean of their windows' means reaches ``target``."""
+    return bool(target) and len(recent_means) == ranks \
+        and sum(recent_means) / ranks >= target
 
 
 def local_rank_count(comm: MPI.Comm) -> int:

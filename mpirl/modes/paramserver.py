@@ -35,11 +35,12 @@ from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
-from .common import Episodes, Summary, final_mean_return
+from .common import Episodes, Summary, final_mean_return, reached_target
 
 #: the numbers a worker sends with every push (float64).
-META = ("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s")
-_STEPS, _EPISODES, _RETURNS, _PUSHES, _EXCHANGE, _BUSY = range(len(META))
+META = ("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
+        "recent_mean")   # recent_mean: NaN until the worker has finished 20 episodes
+_STEPS, _EPISODES, _RETURNS, _PUSHES, _EXCHANGE, _BUSY, _RECENT = range(len(META))
 
 
 class AccountingError(RuntimeError):
@@ -107,6 +108,8 @@ def _work(cfg: Config, ps: ParameterServer, replica: Replica,
             meta[_PUSHES] = pushes + 1
             meta[_EXCHANGE] = phases.get("exchange_s", 0.0)
             meta[_BUSY] = sum(phases.values())
+            recent = episodes.recent_mean()
+            meta[_RECENT] = np.nan if recent is None else recent
             with timer("exchange_s"):
                 ps.push(grad, meta)
                 pushes += 1
@@ -132,8 +135,10 @@ class _Server:
         self.staleness: list[int] = []
         self.window = [0.0, 0.0]                 # episodes, return sum since last report
         self.worker_time: dict[int, tuple[float, float]] = {}   # exchange_s, busy_s
+        self.recent_means: dict[int, float] = {}
         self.active = set(ps.workers)
         self.stopping = False
+        self.solved = False
         # quorum state
         self.acc = np.zeros_like(replica.flat.grad_np)
         self.held: list[int] = []
@@ -222,9 +227,11 @@ class _Server:
         self.window[0] += meta[_EPISODES]
         self.window[1] += meta[_RETURNS]
         self.worker_time[worker] = (meta[_EXCHANGE], meta[_BUSY])
+        if not np.isnan(meta[_RECENT]):
+            self.recent_means[worker] = float(meta[_RECENT])
 
     def _budget_spent(self) -> bool:
-        return self.env_steps >= self.cfg.total_steps
+        return self.env_steps >= self.cfg.total_steps or self.solved
 
     def _comm_share(self) -> float:
         exchange = sum(e for e, _ in self.worker_time.values())
@@ -232,6 +239,8 @@ class _Server:
         return exchange / busy if busy else 0.0
 
     def _report(self) -> None:
+        self.solved = self.solved or reached_target(
+            self.cfg.target_return, list(self.recent_means.values()), len(self.ps.workers))
         recent = self.staleness[-100:]
         self.progress.report(update=self.version, env_steps=self.env_steps,
                              episodes=self.window[0], return_sum=self.window[1],
@@ -248,6 +257,7 @@ class _Server:
         summary.mean_staleness = float(np.mean(self.staleness)) if self.staleness else 0.0
         summary.comm_share = self._comm_share()
         summary.param_digest = self.replica.param_digest()
+        summary.reached_target = self.solved
 
 
 class _NoTimer:

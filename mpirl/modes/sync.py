@@ -23,7 +23,7 @@ from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
-from .common import Episodes, Summary, final_mean_return, sum_to_root
+from .common import Episodes, Summary, final_mean_return, reached_target, sum_over_ranks
 
 
 class ReplicaDivergence(RuntimeError):
@@ -52,6 +52,7 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     episodes = Episodes()
     progress = Progress(run_dir, enabled=rank == 0)
     update = 0
+    solved = False
     for batch_index in range(1, batches + 1):
         batch = replica.collect(timer)
         for _ in range(cfg.update_repeat):
@@ -66,11 +67,15 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
         for phase, seconds in timer.take().items():
             phases[phase] = phases.get(phase, 0.0) + seconds
         if batch_index % cfg.log_every == 0 or batch_index == batches:
-            return_sum, count = sum_to_root(comm, episodes.take_window())
+            return_sum, count = sum_over_ranks(comm, episodes.take_window())
             busy = sum(phases.values())
             progress.report(update=update, env_steps=batch_index * size * replica.steps_per_batch,
                             episodes=count, return_sum=return_sum,
                             comm_share=phases.get("exchange_s", 0.0) / busy if busy else 0.0)
+            means = [m for m in comm.allgather(episodes.recent_mean()) if m is not None]
+            if reached_target(cfg.target_return, means, size):   # same answer on every rank
+                batches, solved = batch_index, True
+                break
     if cfg.checksum_every:
         check_replicas(replica, comm, update)
     progress.close()
@@ -81,4 +86,5 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
                    wall_s=progress.elapsed(), gradients_sent=update * size,
                    gradients_applied=update * size, gradients_dropped=0,
                    final_mean_return=final_mean_return(comm, episodes), comm_share=share,
-                   phase_s=phases, param_digest=replica.param_digest())
+                   phase_s=phases, reached_target=solved,
+                   param_digest=replica.param_digest())

@@ -16,10 +16,13 @@ import hashlib
 import os
 import sys
 
-import numpy as np
-from mpi4py import MPI
+from mpirl.launch import apply_mpi_defaults
 
-import topologies
+apply_mpi_defaults()   # as every entry point of the project does, before MPI starts
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import topologies  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
