@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from mpirun import run_mpi
@@ -27,6 +28,9 @@ def test_async_applies_or_drops_every_gradient(tmp_path, nranks):
     assert s["env_steps"] >= 3000
     # one worker can never be stale; more workers interleave, so some gradients are
     assert (s["mean_staleness"] == 0) if nranks == 2 else (s["mean_staleness"] > 0)
+    staleness = np.load(tmp_path / "r" / "staleness.npy")
+    assert len(staleness) == s["gradients_applied"] and staleness.min() >= 0
+    assert staleness.mean() == pytest.approx(s["mean_staleness"])
 
 
 @pytest.mark.parametrize("late", ["drop", "apply"])
@@ -67,3 +71,9 @@ def test_the_books_five_tricks_and_ppo_run_in_sync_and_async(tmp_path):
     assert s["updates"] == 3 * s["env_steps"] // (3 * 2 * 8 * 3)
     _, s = run(tmp_path, 3, *tricks, "--mode", "async", "--topology", "star", name="async")
     assert s["gradients_sent"] == s["gradients_applied"] + s["gradients_dropped"]
+
+
+def test_continuous_action_space_trains(tmp_path):
+    _, s = run(tmp_path, 2, "--env", "Pendulum-v1", "--total-steps", "1024",
+               "--checksum-every", "4")
+    assert s["updates"] == 1024 // (2 * 2 * 8) and s["gradients_dropped"] == 0

@@ -65,6 +65,8 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, quorum: int | None) -> Summ
         server = _Server(cfg, ps, replica, Progress(run_dir, enabled=True), quorum)
         server.serve()
         server.fill(summary)
+        # staleness of every applied gradient, in the order they were applied
+        np.save(run_dir / "staleness.npy", np.asarray(server.staleness, dtype=np.int64))
     else:
         episodes = Episodes()
         pushes, phases = _work(cfg, ps, replica, episodes)
