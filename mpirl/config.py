@@ -89,6 +89,9 @@ class Config:
         "stop early once every experience-collecting rank has finished 20 episodes and the "
         "mean over ranks of their last-20-episode mean return reaches this (checked at "
         "each progress line); 0 disables", default=0.0)
+    log_flush_every: int = _doc(
+        "HDF5 log rows buffered before they are written and flushed; a crash loses at "
+        "most this many rows per rank", default=50)
     checksum_every: int = _doc(
         "compare a checksum of parameters and optimizer state across ranks every this many "
         "updates; a mismatch stops the run; 0 disables", default=50)
@@ -164,7 +167,7 @@ class Config:
             hint = f" (did you mean {', '.join(close[:5])}?)" if close else ""
             raise ConfigError(f"env={self.env!r} is not a registered gymnasium id{hint}")
         for name in ("total_steps", "num_envs", "rollout_steps", "log_every", "action_repeat",
-                     "update_repeat"):
+                     "update_repeat", "log_flush_every"):
             _at_least(name, getattr(self, name), 1)
         for name in ("checksum_every", "torch_threads"):
             _at_least(name, getattr(self, name), 0)

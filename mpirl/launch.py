@@ -75,3 +75,17 @@ def mpi_env(extra: dict | None = None) -> dict:
     env = apply_mpi_defaults(dict(os.environ))
     env.update(extra or {})
     return env
+
+
+def abort_job(comm, message: str, code: int = 1) -> None:
+    """Print ``message`` to stderr and end the whole MPI job with ``code``; never returns.
+
+    The short pause lets the launcher forward the message before MPI_Abort tears every
+    rank down (without it the line was sometimes lost), and ``os._exit`` follows
+    because MPICH's MPI_Abort can return to the caller before the launcher kills it."""
+    import time
+
+    print(message, file=sys.stderr, flush=True)
+    time.sleep(0.5)
+    comm.Abort(code)
+    os._exit(code)

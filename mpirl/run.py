@@ -11,11 +11,10 @@ second, not a torch start-up per rank.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from .config import ConfigError, build_parser, parse_args
-from .launch import apply_mpi_defaults
+from .launch import abort_job, apply_mpi_defaults
 
 apply_mpi_defaults()            # MPICH reads its settings when MPI starts: before the import
 from mpi4py import MPI  # noqa: E402
@@ -44,10 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)
         return 3
     except Exception as err:                # seen by this rank alone: end the whole job now
-        print(f"mpirl.run: error on rank {rank}: {type(err).__name__}: {err}",
-              file=sys.stderr, flush=True)
-        comm.Abort(1)
-        os._exit(1)     # MPICH's MPI_Abort may return before the launcher kills this rank
+        abort_job(comm, f"mpirl.run: error on rank {rank}: {type(err).__name__}: {err}", 1)
     return 0
 
 

@@ -31,7 +31,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .base import MPI_DTYPES, BufferMismatchError, TopologyError, check_buffer
+from .base import MPI_DTYPES, BufferMismatchError, CommStats, TopologyError, check_buffer
 
 TAG_PUSH = 51
 TAG_PARAMS = 52
@@ -60,6 +60,7 @@ class ParameterServer:
         self.root = root
         self.workers = [r for r in range(self.size) if r != root]
         self.is_server = self.rank == root
+        self.stats = CommStats()
         self._recv_bufs: dict[int, np.ndarray] = {}
         self._meta_bufs: dict[int, np.ndarray] = {}
         self._send_bufs: dict[int, np.ndarray] = {}
@@ -79,6 +80,9 @@ class ParameterServer:
                                 f"{meta.dtype} of {meta.size}")
         self._push_reqs = [self.comm.Isend([meta, MPI.DOUBLE], self.root, TAG_META),
                            self.comm.Isend([flat, MPI_DTYPES[flat.dtype]], self.root, TAG_PUSH)]
+        self.stats.calls += 1
+        self.stats.messages_sent += 2
+        self.stats.bytes_sent += meta.nbytes + flat.nbytes
 
     def pull(self, buf: np.ndarray, *, timeout_s: float | None = None) -> bool:
         """Wait for the server's reply into ``buf``: True with fresh data, False on STOP."""
@@ -95,6 +99,7 @@ class ParameterServer:
                 raise BufferMismatchError(
                     f"worker {self.rank}: server sent {got} elements, buffer holds {flat.size}")
             self.comm.Recv([flat, MPI_DTYPES[flat.dtype]], self.root, TAG_PARAMS)
+            self.stats.bytes_recv += flat.nbytes
             stopped = False
         MPI.Request.Waitall(self._push_reqs)   # received long ago: this only frees them
         self._push_reqs = []
@@ -129,6 +134,7 @@ class ParameterServer:
         self._recv_reqs[index] = MPI.REQUEST_NULL
         meta_req, self._meta_reqs[index] = self._meta_reqs[index], MPI.REQUEST_NULL
         meta_req.Wait()   # sent before the buffer that has arrived: already here or close
+        self.stats.bytes_recv += buf.nbytes + self._meta_bufs[worker].nbytes
         return worker, buf, self._meta_bufs[worker]
 
     def reply(self, worker: int, params: np.ndarray) -> None:
@@ -142,6 +148,9 @@ class ParameterServer:
         np.copyto(snapshot, flat)
         self._send_reqs[worker] = self.comm.Isend([snapshot, MPI_DTYPES[snapshot.dtype]],
                                                   worker, TAG_PARAMS)
+        self.stats.calls += 1
+        self.stats.messages_sent += 1
+        self.stats.bytes_sent += snapshot.nbytes
         if self._recv_reqs[self.workers.index(worker)] == MPI.REQUEST_NULL:
             self._post(worker)      # its last push was taken: listen for the next one
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -32,6 +34,12 @@ class Summary:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def totals(self) -> dict:
+        """The gradient totals, as stored in run.h5's attributes."""
+        return {"gradients_sent": self.gradients_sent,
+                "gradients_applied": self.gradients_applied,
+                "gradients_dropped": self.gradients_dropped}
 
 
 class Episodes:
@@ -80,6 +88,54 @@ def reached_target(target: float, recent_means: list[float], ranks: int) -> bool
     and the mean of their windows' means reaches ``target``."""
     return bool(target) and len(recent_means) == ranks \
         and sum(recent_means) / ranks >= target
+
+
+class RunLogger:
+    """The HDF5 log of one rank in one run: ``run.h5`` (rank 0) and ``rankNNNN.h5``.
+
+    Opening is collective (hostnames and core counts are gathered once, before any
+    exchange); every later call is local, so logging adds no traffic to the exchange
+    being measured.  ``record`` times itself: each row carries the seconds the
+    previous row cost to log (``log_s``), so the overhead is in the data."""
+
+    def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str) -> None:
+        import socket
+
+        from .. import __version__
+        from ..h5log import RankLog, cpu_count, write_run_file
+        hosts = comm.allgather(socket.gethostname())
+        cores = comm.allgather(cpu_count())
+        if comm.Get_rank() == 0:
+            write_run_file(run_dir, config=cfg.to_dict(), world_size=comm.Get_size(),
+                           hostnames=hosts, cores=cores, version=__version__,
+                           mpi_library=MPI.Get_library_version().splitlines()[0].strip())
+        self.run_dir = run_dir
+        self.rank = comm.Get_rank()
+        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every)
+        self._log_s = 0.0
+        self.update_start = 0.0
+
+    def mark_update_start(self) -> None:
+        self.update_start = self.log.now()
+
+    def record(self, update: int, phases: dict, **fields) -> None:
+        """One update row: phase seconds plus any of the row's other fields."""
+        t0 = time.perf_counter()
+        row = self.log.new_update(update, self.update_start, phases)
+        for key, value in fields.items():
+            row[key] = value
+        row["log_s"] = self._log_s
+        self._log_s = time.perf_counter() - t0
+
+    def episodes(self, update: int, finished: list[tuple[float, int]]) -> None:
+        for ret, length in finished:
+            self.log.episode(update, ret, length)
+
+    def close(self, totals: dict | None = None) -> None:
+        from ..h5log import finish_run_file
+        self.log.close()
+        if self.rank == 0 and totals is not None:
+            finish_run_file(self.run_dir, totals)
 
 
 def local_rank_count(comm: MPI.Comm) -> int:

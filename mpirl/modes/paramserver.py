@@ -35,7 +35,7 @@ from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
-from .common import Episodes, Summary, final_mean_return, reached_target
+from .common import Episodes, RunLogger, Summary, final_mean_return, reached_target
 
 #: the numbers a worker sends with every push (float64).
 META = ("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
@@ -60,16 +60,17 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, quorum: int | None) -> Summ
     ps = ParameterServer(comm, root=0, meta_len=len(META))
     replica = Replica(cfg, rank, with_envs=not ps.is_server)
     summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=comm.Get_size())
+    logger = RunLogger(cfg, comm, run_dir, role="server" if ps.is_server else "worker")
     episodes = None
     if ps.is_server:
-        server = _Server(cfg, ps, replica, Progress(run_dir, enabled=True), quorum)
+        server = _Server(cfg, ps, replica, Progress(run_dir, enabled=True), quorum, logger)
         server.serve()
         server.fill(summary)
         # staleness of every applied gradient, in the order they were applied
         np.save(run_dir / "staleness.npy", np.asarray(server.staleness, dtype=np.int64))
     else:
         episodes = Episodes()
-        pushes, phases = _work(cfg, ps, replica, episodes)
+        pushes, phases = _work(cfg, ps, replica, episodes, logger)
         summary.gradients_sent = pushes
         if rank == 1:
             summary.phase_s = phases
@@ -83,11 +84,12 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, quorum: int | None) -> Summ
             raise AccountingError(
                 f"workers sent {sent} gradients but the server applied "
                 f"{summary.gradients_applied} and dropped {summary.gradients_dropped}")
+    logger.close(summary.totals())
     return summary
 
 
-def _work(cfg: Config, ps: ParameterServer, replica: Replica,
-          episodes: Episodes) -> tuple[int, dict]:
+def _work(cfg: Config, ps: ParameterServer, replica: Replica, episodes: Episodes,
+          logger: RunLogger) -> tuple[int, dict]:
     """A worker's loop; returns how many gradients it pushed and its seconds per phase."""
     param, grad = replica.flat.param_np, replica.flat.grad_np
     meta = np.zeros(len(META))
@@ -95,40 +97,55 @@ def _work(cfg: Config, ps: ParameterServer, replica: Replica,
     pushes = 0
     with timer("exchange_s"):
         alive = ps.pull(param, timeout_s=cfg.wait_timeout_s)      # the initial parameters
+    _merge(phases, timer.take())
     while alive:
+        logger.mark_update_start()
         batch = replica.collect(timer)
         finished = replica.roller.drain_episodes()
         episodes.add(finished)
+        logger.episodes(pushes, finished)
         for repeat in range(cfg.update_repeat):
+            if repeat:
+                logger.mark_update_start()
             replica.gradient(batch, timer)
-            for phase, seconds in timer.take().items():
-                phases[phase] = phases.get(phase, 0.0) + seconds
+            this_push = timer.take()
             first = repeat == 0     # env steps and episodes travel with the batch's first push
             meta[_STEPS] = replica.steps_per_batch if first else 0
             meta[_EPISODES] = len(finished) if first else 0
             meta[_RETURNS] = sum(r for r, _ in finished) if first else 0.0
             meta[_PUSHES] = pushes + 1
             meta[_EXCHANGE] = phases.get("exchange_s", 0.0)
-            meta[_BUSY] = sum(phases.values())
+            meta[_BUSY] = sum(phases.values()) + sum(this_push.values())
             recent = episodes.recent_mean()
             meta[_RECENT] = np.nan if recent is None else recent
+            sent, received = ps.stats.bytes_sent, ps.stats.bytes_recv
             with timer("exchange_s"):
                 ps.push(grad, meta)
                 pushes += 1
                 alive = ps.pull(param, timeout_s=cfg.wait_timeout_s)
+            _merge(this_push, timer.take())
+            _merge(phases, this_push)
+            logger.record(pushes, this_push, bytes_sent=ps.stats.bytes_sent - sent,
+                          bytes_recv=ps.stats.bytes_recv - received,
+                          env_steps=int(meta[_STEPS]))
             if not alive:
                 break
-    for phase, seconds in timer.take().items():
-        phases[phase] = phases.get(phase, 0.0) + seconds
     return pushes, phases
+
+
+def _merge(into: dict, phases: dict) -> dict:
+    for phase, seconds in phases.items():
+        into[phase] = into.get(phase, 0.0) + seconds
+    return into
 
 
 class _Server:
     """The parameter server's loop, for async (quorum=None) and quorum modes."""
 
     def __init__(self, cfg: Config, ps: ParameterServer, replica: Replica,
-                 progress: Progress, quorum: int | None) -> None:
+                 progress: Progress, quorum: int | None, logger: RunLogger) -> None:
         self.cfg, self.ps, self.replica, self.progress = cfg, ps, replica, progress
+        self.logger = logger
         self.quorum = quorum
         self.version = 0
         self.sent_version: dict[int, int] = {}
@@ -152,16 +169,30 @@ class _Server:
         self.ps.open(param.size, param.dtype)
         for worker in self.ps.workers:
             self._answer(worker)
+        timer = PhaseTimer()
         while self.active:
-            worker, buf, meta = self.ps.wait_push(timeout_s=self.cfg.wait_timeout_s)
+            self.logger.mark_update_start()
+            sent, received = self.ps.stats.bytes_sent, self.ps.stats.bytes_recv
+            applied, version_at_receipt = self.applied, self.version
+            with timer("exchange_s"):
+                worker, buf, meta = self.ps.wait_push(timeout_s=self.cfg.wait_timeout_s)
+            computed_on = self.sent_version[worker]
             self._account(worker, meta)
-            if self.stopping:
-                self.dropped += 1
-                self._stop(worker)
-            elif self.quorum is None:
-                self._apply_async(worker, buf)
-            else:
-                self._hold_for_quorum(worker, buf)
+            with timer("optimizer_s"):
+                if self.stopping:
+                    self.dropped += 1
+                    self._stop(worker)
+                elif self.quorum is None:
+                    self._apply_async(worker, buf)
+                else:
+                    self._hold_for_quorum(worker, buf)
+            # one row per gradient received: the version it was computed on, its staleness
+            self.logger.record(self.version, timer.take(),
+                               bytes_sent=self.ps.stats.bytes_sent - sent,
+                               bytes_recv=self.ps.stats.bytes_recv - received,
+                               env_steps=int(meta[_STEPS]), param_version=computed_on,
+                               staleness=version_at_receipt - computed_on,
+                               dropped=int(self.applied == applied))
         self.ps.close(timeout_s=self.cfg.wait_timeout_s)
         self._report()
         self.progress.close()

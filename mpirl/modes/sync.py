@@ -23,7 +23,8 @@ from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
-from .common import Episodes, Summary, final_mean_return, reached_target, sum_over_ranks
+from .common import (Episodes, RunLogger, Summary, final_mean_return, reached_target,
+                     sum_over_ranks)
 
 
 class ReplicaDivergence(RuntimeError):
@@ -46,6 +47,7 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     topo = topologies.get(cfg.topology)(comm)
     topo.bcast(replica.flat.param_np, root=0)     # identical start, whatever torch did
     grad = replica.flat.grad_np
+    logger = RunLogger(cfg, comm, run_dir, role="worker")
 
     batches = cfg.total_steps // (size * replica.steps_per_batch)
     timer, phases = PhaseTimer(), {}
@@ -54,18 +56,30 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     update = 0
     solved = False
     for batch_index in range(1, batches + 1):
+        logger.mark_update_start()
         batch = replica.collect(timer)
-        for _ in range(cfg.update_repeat):
+        finished = replica.roller.drain_episodes()
+        for repeat in range(cfg.update_repeat):
+            if repeat:
+                logger.mark_update_start()
             replica.gradient(batch, timer)
+            sent, received = topo.stats.bytes_sent, topo.stats.bytes_recv
             with timer("exchange_s"):
                 topo.allreduce(grad, average=True)
             replica.apply(timer)
+            update_phases = timer.take()
+            for phase, seconds in update_phases.items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+            logger.record(update + 1, update_phases,
+                          bytes_sent=topo.stats.bytes_sent - sent,
+                          bytes_recv=topo.stats.bytes_recv - received,
+                          env_steps=replica.steps_per_batch if repeat == 0 else 0,
+                          param_version=update, staleness=0)
             update += 1
             if cfg.checksum_every and update % cfg.checksum_every == 0:
                 check_replicas(replica, comm, update)
-        episodes.add(replica.roller.drain_episodes())
-        for phase, seconds in timer.take().items():
-            phases[phase] = phases.get(phase, 0.0) + seconds
+        episodes.add(finished)
+        logger.episodes(update, finished)
         if batch_index % cfg.log_every == 0 or batch_index == batches:
             return_sum, count = sum_over_ranks(comm, episodes.take_window())
             busy = sum(phases.values())
@@ -81,10 +95,12 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     progress.close()
     busy = sum(phases.values())
     share = comm.allreduce(phases.get("exchange_s", 0.0) / busy if busy else 0.0) / size
-    return Summary(mode="sync", topology=cfg.topology, ranks=size, updates=update,
-                   env_steps=batches * size * replica.steps_per_batch,
-                   wall_s=progress.elapsed(), gradients_sent=update * size,
-                   gradients_applied=update * size, gradients_dropped=0,
-                   final_mean_return=final_mean_return(comm, episodes), comm_share=share,
-                   phase_s=phases, reached_target=solved,
-                   param_digest=replica.param_digest())
+    summary = Summary(mode="sync", topology=cfg.topology, ranks=size, updates=update,
+                      env_steps=batches * size * replica.steps_per_batch,
+                      wall_s=progress.elapsed(), gradients_sent=update * size,
+                      gradients_applied=update * size, gradients_dropped=0,
+                      final_mean_return=final_mean_return(comm, episodes), comm_share=share,
+                      phase_s=phases, reached_target=solved,
+                      param_digest=replica.param_digest())
+    logger.close(summary.totals())
+    return summary

@@ -13,10 +13,9 @@ expects a BufferMismatchError on some rank, which aborts the job with exit statu
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 
-from mpirl.launch import apply_mpi_defaults
+from mpirl.launch import abort_job, apply_mpi_defaults
 
 apply_mpi_defaults()   # as every entry point of the project does, before MPI starts
 import numpy as np  # noqa: E402
@@ -108,9 +107,7 @@ def run_mismatch(name: str) -> None:
     try:
         topologies.get(name)(comm).allreduce(buf)
     except topologies.BufferMismatchError as err:
-        print(f"rank {rank}: BufferMismatchError: {err}", flush=True)
-        comm.Abort(3)
-        os._exit(3)   # MPICH's MPI_Abort can return before the launcher kills us
+        abort_job(comm, f"rank {rank}: BufferMismatchError: {err}", 3)
     comm.Barrier()
     print(f"rank {rank}: mismatched lengths went unnoticed", flush=True)
     sys.exit(1)

@@ -1,0 +1,198 @@
+"""Every second of every rank, in HDF5: the run log's schema, writer and reader.
+
+Layout of a run directory (the schema, shared by the writer here and by ``analysis``):
+
+``run.h5`` (written by rank 0)
+    attrs: ``schema`` (int), ``mpirl_version``, ``git_commit``, ``mpi_library``,
+    ``world_size``, ``mode``, ``topology``, ``env``, ``config_json`` (the resolved
+    configuration), ``hostnames_json`` (one per rank), ``cores_per_node_json``,
+    ``oversubscribed`` (bool: ranks outnumbered cores on some node; timings suspect),
+    ``start_unix_s``, ``end_unix_s`` (absent if the run did not finish),
+    ``gradients_sent`` / ``gradients_applied`` / ``gradients_dropped`` (at the end).
+    ``/ranks/NNNN``: an HDF5 external link to ``rankNNNN.h5:/`` for every rank, so
+    analysis opens this one file and reaches every rank's data.
+
+``rankNNNN.h5`` (written by rank NNNN alone; no traffic between ranks)
+    attrs: ``rank``, ``hostname``, ``role`` (``worker`` or ``server``), ``start_unix_s``.
+    ``updates``: one row per update this rank took part in (:data:`UPDATE_DTYPE`).
+    ``episodes``: one row per finished episode (:data:`EPISODE_DTYPE`).
+
+Times are seconds; ``t_s`` columns count from the rank's ``start_unix_s``.  Datasets
+are chunked and resizable; rows are buffered in memory and appended every
+``flush_every`` rows (and at the end), followed by ``File.flush()``.  The files are
+opened in SWMR mode (single writer, multiple readers): a crash or SIGKILL loses at most
+the rows not yet flushed, the file stays readable, and analysis can read it while the
+run is still going.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+#: per-update record; ``-1`` where a field does not apply (e.g. staleness in sync mode).
+UPDATE_DTYPE = np.dtype([
+    ("update", "i8"),          # this rank's update counter (server: parameter version)
+    ("t_s", "f8"),             # start of the update, seconds since the rank's start
+    ("env_s", "f8"),           # stepping environments
+    ("forward_s", "f8"),       # policy/value inference while collecting
+    ("straggle_s", "f8"),      # injected slowdown (--straggler)
+    ("backward_s", "f8"),      # loss and backward pass
+    ("exchange_s", "f8"),      # the topology call (waiting for others + moving data)
+    ("optimizer_s", "f8"),     # clipping and the optimizer step
+    ("bytes_sent", "i8"),      # by this rank's topology calls during the update
+    ("bytes_recv", "i8"),
+    ("env_steps", "i8"),       # env steps this rank collected for the update
+    ("param_version", "i8"),   # version of the parameters the gradient was computed on
+    ("staleness", "i8"),       # server: version applied minus version computed on
+    ("dropped", "i8"),         # server: 1 if this gradient was dropped, not applied
+    ("log_s", "f8"),           # time this rank spent logging the previous row (overhead)
+])
+PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optimizer_s")
+
+EPISODE_DTYPE = np.dtype([
+    ("update", "i8"),          # the rank's update counter when the episode ended
+    ("t_s", "f8"),
+    ("return", "f8"),
+    ("length", "i8"),
+])
+
+
+def git_commit() -> str:
+    """The checkout's commit, or '' when not in a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+class _Table:
+    """An append-only, chunked 1-D compound dataset with an in-memory row buffer."""
+
+    def __init__(self, group: h5py.Group, name: str, dtype: np.dtype, chunk_rows: int) -> None:
+        self.dataset = group.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype,
+                                            chunks=(chunk_rows,))
+        self.rows = np.zeros(chunk_rows, dtype=dtype)
+        self._blank = np.zeros((), dtype=dtype)
+        self.count = 0
+
+    def append(self) -> np.void:
+        """A fresh row to fill in place (valid until the next flush)."""
+        if self.count == len(self.rows):
+            self.flush()
+        self.rows[self.count] = self._blank
+        row = self.rows[self.count]
+        self.count += 1
+        return row
+
+    def flush(self) -> None:
+        if not self.count:
+            return
+        n = self.dataset.shape[0]
+        self.dataset.resize((n + self.count,))
+        self.dataset[n:] = self.rows[:self.count]
+        self.dataset.flush()      # SWMR: makes the new rows visible to readers
+        self.count = 0
+
+
+class RankLog:
+    """This rank's ``rankNNNN.h5``; ``new_update()`` / ``episode()`` add rows."""
+
+    def __init__(self, run_dir: Path, rank: int, role: str, flush_every: int) -> None:
+        self.path = Path(run_dir) / f"rank{rank:04d}.h5"
+        self.start = time.perf_counter()
+        self.file = h5py.File(self.path, "w", libver="latest")
+        self.file.attrs.update(rank=rank, hostname=socket.gethostname(), role=role,
+                               start_unix_s=time.time(), schema=SCHEMA_VERSION)
+        self.updates = _Table(self.file, "updates", UPDATE_DTYPE, flush_every)
+        self.episodes = _Table(self.file, "episodes", EPISODE_DTYPE, flush_every)
+        self.file.swmr_mode = True
+        self.flush_every = flush_every
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
+    def new_update(self, update: int, t_s: float, phases: dict) -> np.void:
+        """Append an update row with its phase times; the caller fills the other fields."""
+        row = self.updates.append()
+        row["update"] = update
+        row["t_s"] = t_s
+        for phase in PHASES:
+            row[phase] = phases.get(phase, 0.0)
+        row["param_version"] = row["staleness"] = -1
+        return row
+
+    def episode(self, update: int, ret: float, length: int) -> None:
+        row = self.episodes.append()
+        row["update"], row["t_s"], row["return"], row["length"] = update, self.now(), ret, length
+
+    def flush(self) -> None:
+        self.updates.flush()
+        self.episodes.flush()
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file.id.valid:
+            self.flush()
+            self.file.close()
+
+
+def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: list[str],
+                   cores: list[int], mpi_library: str, version: str) -> None:
+    """Rank 0: create ``run.h5`` with the run's metadata and links to every rank's file."""
+    per_node: dict[str, int] = {}
+    for host in hostnames:
+        per_node[host] = per_node.get(host, 0) + 1
+    cores_of = dict(zip(hostnames, cores, strict=True))
+    oversubscribed = any(n > cores_of[h] for h, n in per_node.items())
+    with h5py.File(Path(run_dir) / "run.h5", "w", libver="latest") as f:
+        f.attrs.update(schema=SCHEMA_VERSION, mpirl_version=version, git_commit=git_commit(),
+                       mpi_library=mpi_library, world_size=world_size, mode=config["mode"],
+                       topology=config["topology"], env=config["env"],
+                       config_json=json.dumps(config), hostnames_json=json.dumps(hostnames),
+                       cores_per_node_json=json.dumps(cores_of), oversubscribed=oversubscribed,
+                       start_unix_s=time.time())
+        ranks = f.create_group("ranks")
+        for r in range(world_size):
+            ranks[f"{r:04d}"] = h5py.ExternalLink(f"rank{r:04d}.h5", "/")
+
+
+def finish_run_file(run_dir: Path, totals: dict) -> None:
+    """Rank 0, at the end: the end time and the gradient totals."""
+    with h5py.File(Path(run_dir) / "run.h5", "a") as f:
+        f.attrs.update(end_unix_s=time.time(), **totals)
+
+
+def open_run(run_h5: Path) -> h5py.File:
+    """Open ``run.h5`` for reading, also while the run is going or after it crashed.
+
+    SWMR-read mode is what lets HDF5 open a file whose writer is still running or died
+    without closing it; the external links to the rank files inherit it."""
+    return h5py.File(run_h5, "r", libver="latest", swmr=True)
+
+
+def read_updates(run_h5: Path) -> dict[int, np.ndarray]:
+    """Every rank's update rows, by rank, through the links in ``run.h5``."""
+    out = {}
+    with open_run(run_h5) as f:
+        for name in f["ranks"]:
+            out[int(name)] = f["ranks"][name]["updates"][...]
+    return out
+
+
+def cpu_count() -> int:
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
