@@ -44,7 +44,8 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
     if rank == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
         print(describe(summary))
-        print(f"run files: {run_dir}/ (config.yaml, progress.csv, summary.json)", flush=True)
+        print(f"run files: {run_dir}/ (config.yaml, progress.csv, summary.json, run.h5 "
+              "-> rankNNNN.h5)", flush=True)
     return summary
 
 
