@@ -106,6 +106,10 @@ class Config:
         """The straggler factor of ``rank`` (1.0 when it is not a straggler)."""
         return parse_stragglers(self.straggler).get(rank, 1.0)
 
+    def experience_ranks(self, world_size: int) -> int:
+        """Ranks that run environments: all in sync, all but the server otherwise."""
+        return world_size if self.mode == "sync" else world_size - 1
+
     def quorum_size(self, world_size: int) -> int:
         """Fresh gradients per quorum update: ``quorum`` or half the workers, rounded up."""
         return self.quorum or -(-(world_size - 1) // 2)
@@ -127,7 +131,7 @@ class Config:
                               f"valid fields: {', '.join(sorted(known))}")
         cfg = cls()
         for key, value in data.items():
-            setattr(cfg, key, _coerce(cls, key, value, source))
+            setattr(cfg, key, _coerce(getattr(cfg, key), key, value, source))
         return cfg
 
     def to_dict(self) -> dict:
@@ -180,7 +184,7 @@ class Config:
             _at_least(name, getattr(self, name), 0.0)
         if not self.hidden or not all(isinstance(h, int) and h > 0 for h in self.hidden):
             raise ConfigError(f"hidden={self.hidden!r}; allowed: a non-empty list of positive ints")
-        workers = world_size if self.mode == "sync" else world_size - 1
+        workers = self.experience_ranks(world_size)
         per_update = workers * self.num_envs * self.rollout_steps * self.action_repeat
         if self.total_steps < per_update:
             raise ConfigError(
@@ -223,9 +227,8 @@ def load_yaml(path: str | Path) -> dict:
     return {} if data is None else data
 
 
-def _coerce(cls, key: str, value, source: str):
+def _coerce(default, key: str, value, source: str):
     """Check a loaded value against the field's type; ints are accepted for floats."""
-    default = getattr(cls(), key)
     kind = type(default)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

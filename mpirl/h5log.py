@@ -28,7 +28,6 @@ run is still going.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
@@ -118,7 +117,6 @@ class RankLog:
         self.updates = _Table(self.file, "updates", UPDATE_DTYPE, flush_every)
         self.episodes = _Table(self.file, "episodes", EPISODE_DTYPE, flush_every)
         self.file.swmr_mode = True
-        self.flush_every = flush_every
 
     def now(self) -> float:
         return time.perf_counter() - self.start
@@ -181,18 +179,3 @@ def open_run(run_h5: Path) -> h5py.File:
     without closing it; the external links to the rank files inherit it."""
     return h5py.File(run_h5, "r", libver="latest", swmr=True)
 
-
-def read_updates(run_h5: Path) -> dict[int, np.ndarray]:
-    """Every rank's update rows, by rank, through the links in ``run.h5``."""
-    out = {}
-    with open_run(run_h5) as f:
-        for name in f["ranks"]:
-            out[int(name)] = f["ranks"][name]["updates"][...]
-    return out
-
-
-def cpu_count() -> int:
-    """Cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1

@@ -50,6 +50,13 @@ def apply_mpi_defaults(environ: dict | None = None) -> dict:
     return env
 
 
+def cpu_count() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def mpiexec_path() -> str:
     """The ``mpiexec`` next to this Python (the venv's MPICH), else the one on PATH."""
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import torch
 from mpi4py import MPI
 
 from .config import Config
+from .launch import cpu_count
 from .modes import MODES
 from .modes.common import Summary, local_rank_count
 
@@ -32,11 +32,10 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
     """Run ``cfg`` on every rank of ``comm``; rank 0 prints and saves the summary."""
     rank, size = comm.Get_rank(), comm.Get_size()
     # Ranks on one node share its cores: torch's own threads would fight over them.
-    torch.set_num_threads(cfg.torch_threads or
-                          max(1, (os.cpu_count() or 1) // local_rank_count(comm)))
+    torch.set_num_threads(cfg.torch_threads or max(1, cpu_count() // local_rank_count(comm)))
     run_dir = make_run_dir(cfg, comm)
     if rank == 0:
-        workers = size if cfg.mode == "sync" else size - 1
+        workers = cfg.experience_ranks(size)
         print(f"mpirl: {size} ranks ({workers} collecting experience), mode={cfg.mode}, "
               f"topology={cfg.topology}, env={cfg.env}, budget {cfg.total_steps} env steps",
               flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import socket
 import time
 from collections import deque
 from pathlib import Path
@@ -10,6 +11,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from mpi4py import MPI
+
+from .. import __version__
+from ..h5log import RankLog, finish_run_file, write_run_file
+from ..launch import cpu_count
 
 
 @dataclass
@@ -76,6 +81,12 @@ def final_mean_return(comm: MPI.Comm, episodes: Episodes | None) -> float:
     return total / count if count else math.nan
 
 
+def comm_share(phases: dict) -> float:
+    """Share of the busy seconds in ``phases`` spent in the exchange."""
+    busy = sum(phases.values())
+    return phases.get("exchange_s", 0.0) / busy if busy else 0.0
+
+
 def sum_over_ranks(comm: MPI.Comm, values: tuple[float, ...]) -> tuple:
     """Element-wise sum of a few numbers over all ranks, known to every rank."""
     total = np.asarray(values, dtype=np.float64)
@@ -99,10 +110,6 @@ class RunLogger:
     previous row cost to log (``log_s``), so the overhead is in the data."""
 
     def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str) -> None:
-        import socket
-
-        from .. import __version__
-        from ..h5log import RankLog, cpu_count, write_run_file
         hosts = comm.allgather(socket.gethostname())
         cores = comm.allgather(cpu_count())
         if comm.Get_rank() == 0:
@@ -132,7 +139,6 @@ class RunLogger:
             self.log.episode(update, ret, length)
 
     def close(self, totals: dict | None = None) -> None:
-        from ..h5log import finish_run_file
         self.log.close()
         if self.rank == 0 and totals is not None:
             finish_run_file(self.run_dir, totals)

@@ -146,6 +146,7 @@ class _Server:
                  progress: Progress, quorum: int | None, logger: RunLogger) -> None:
         self.cfg, self.ps, self.replica, self.progress = cfg, ps, replica, progress
         self.logger = logger
+        self._apply_timer = PhaseTimer()
         self.quorum = quorum
         self.version = 0
         self.sent_version: dict[int, int] = {}
@@ -239,7 +240,7 @@ class _Server:
         flat = self.replica.flat.flat
         own_grad, flat.grad = flat.grad, torch.from_numpy(grad)
         try:
-            self.replica.apply(_no_timer)
+            self.replica.apply(self._apply_timer)   # serve() times the whole handling
         finally:
             flat.grad = own_grad
         self.version += 1
@@ -292,16 +293,3 @@ class _Server:
         summary.param_digest = self.replica.param_digest()
         summary.reached_target = self.solved
 
-
-class _NoTimer:
-    def __call__(self, _phase):
-        return self
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_no_timer = _NoTimer()

@@ -23,8 +23,8 @@ from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
-from .common import (Episodes, RunLogger, Summary, final_mean_return, reached_target,
-                     sum_over_ranks)
+from .common import (Episodes, RunLogger, Summary, comm_share, final_mean_return,
+                     reached_target, sum_over_ranks)
 
 
 class ReplicaDivergence(RuntimeError):
@@ -82,10 +82,8 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
         logger.episodes(update, finished)
         if batch_index % cfg.log_every == 0 or batch_index == batches:
             return_sum, count = sum_over_ranks(comm, episodes.take_window())
-            busy = sum(phases.values())
             progress.report(update=update, env_steps=batch_index * size * replica.steps_per_batch,
-                            episodes=count, return_sum=return_sum,
-                            comm_share=phases.get("exchange_s", 0.0) / busy if busy else 0.0)
+                            episodes=count, return_sum=return_sum, comm_share=comm_share(phases))
             means = [m for m in comm.allgather(episodes.recent_mean()) if m is not None]
             if reached_target(cfg.target_return, means, size):   # same answer on every rank
                 batches, solved = batch_index, True
@@ -93,8 +91,7 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     if cfg.checksum_every:
         check_replicas(replica, comm, update)
     progress.close()
-    busy = sum(phases.values())
-    share = comm.allreduce(phases.get("exchange_s", 0.0) / busy if busy else 0.0) / size
+    share = comm.allreduce(comm_share(phases)) / size
     summary = Summary(mode="sync", topology=cfg.topology, ranks=size, updates=update,
                       env_steps=batches * size * replica.steps_per_batch,
                       wall_s=progress.elapsed(), gradients_sent=update * size,
