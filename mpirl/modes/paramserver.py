@@ -151,7 +151,7 @@ class _Server:
         self.version = 0
         self.sent_version: dict[int, int] = {}
         self.env_steps = 0
-        self.received = self.applied = self.dropped = 0
+        self.applied = self.dropped = 0
         self.staleness: list[int] = []
         self.window = [0.0, 0.0]                 # episodes, return sum since last report
         self.worker_time: dict[int, tuple[float, float]] = {}   # exchange_s, busy_s
@@ -256,7 +256,6 @@ class _Server:
         self.active.discard(worker)
 
     def _account(self, worker: int, meta: np.ndarray) -> None:
-        self.received += 1
         self.env_steps += int(meta[_STEPS])
         self.window[0] += meta[_EPISODES]
         self.window[1] += meta[_RETURNS]
