@@ -7,6 +7,7 @@ Layout of a run directory (the schema, shared by the writer here and by ``analys
     ``world_size``, ``mode``, ``topology``, ``env``, ``config_json`` (the resolved
     configuration), ``hostnames_json`` (one per rank), ``cores_per_node_json``,
     ``oversubscribed`` (bool: ranks outnumbered cores on some node; timings suspect),
+    ``scheduler_json`` (Slurm job id, name, nodes... when run under Slurm; else ``{}``),
     ``start_unix_s``, ``end_unix_s`` (absent if the run did not finish),
     ``gradients_sent`` / ``gradients_applied`` / ``gradients_dropped`` (at the end).
     ``/ranks/NNNN``: an HDF5 external link to ``rankNNNN.h5:/`` for every rank, so
@@ -28,6 +29,7 @@ run is still going.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -36,9 +38,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: per-update record; ``-1`` where a field does not apply (e.g. staleness in sync mode).
+#: Schema 2 added ``exchange_t_s``, ``wait_s`` and ``other_s``.
 UPDATE_DTYPE = np.dtype([
     ("update", "i8"),          # this rank's update counter (server: parameter version)
     ("t_s", "f8"),             # start of the update, seconds since the rank's start
@@ -47,7 +50,14 @@ UPDATE_DTYPE = np.dtype([
     ("straggle_s", "f8"),      # injected slowdown (--straggler)
     ("backward_s", "f8"),      # loss and backward pass
     ("exchange_s", "f8"),      # the topology call (waiting for others + moving data)
+    ("exchange_t_s", "f8"),    # when the exchange began, seconds since the rank's start
+    ("wait_s", "f8"),          # part of exchange_s spent waiting for a peer's message;
+                               # NaN where the topology cannot tell (collectives: analysis
+                               # derives it from every rank's exchange_t_s)
     ("optimizer_s", "f8"),     # clipping and the optimizer step
+    ("other_s", "f8"),         # the rest of the update: rollout bookkeeping, advantages,
+                               # progress reports (t_s + all phases = the next row's t_s
+                               # minus that row's log_s: every second is in some column)
     ("bytes_sent", "i8"),      # by this rank's topology calls during the update
     ("bytes_recv", "i8"),
     ("env_steps", "i8"),       # env steps this rank collected for the update
@@ -56,7 +66,8 @@ UPDATE_DTYPE = np.dtype([
     ("dropped", "i8"),         # server: 1 if this gradient was dropped, not applied
     ("log_s", "f8"),           # time this rank spent logging the previous row (overhead)
 ])
-PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optimizer_s")
+PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optimizer_s",
+          "other_s")
 
 EPISODE_DTYPE = np.dtype([
     ("update", "i8"),          # the rank's update counter when the episode ended
@@ -129,6 +140,7 @@ class RankLog:
         for phase in PHASES:
             row[phase] = phases.get(phase, 0.0)
         row["param_version"] = row["staleness"] = -1
+        row["exchange_t_s"] = row["wait_s"] = np.nan
         return row
 
     def episode(self, update: int, ret: float, length: int) -> None:
@@ -149,21 +161,29 @@ class RankLog:
 def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: list[str],
                    cores: list[int], mpi_library: str, version: str) -> None:
     """Rank 0: create ``run.h5`` with the run's metadata and links to every rank's file."""
-    per_node: dict[str, int] = {}
-    for host in hostnames:
-        per_node[host] = per_node.get(host, 0) + 1
     cores_of = dict(zip(hostnames, cores, strict=True))
-    oversubscribed = any(n > cores_of[h] for h, n in per_node.items())
+    oversubscribed = _oversubscribed(hostnames, cores)
     with h5py.File(Path(run_dir) / "run.h5", "w", libver="latest") as f:
         f.attrs.update(schema=SCHEMA_VERSION, mpirl_version=version, git_commit=git_commit(),
                        mpi_library=mpi_library, world_size=world_size, mode=config["mode"],
                        topology=config["topology"], env=config["env"],
                        config_json=json.dumps(config), hostnames_json=json.dumps(hostnames),
                        cores_per_node_json=json.dumps(cores_of), oversubscribed=oversubscribed,
-                       start_unix_s=time.time())
+                       start_unix_s=time.time(), scheduler_json=json.dumps(scheduler_info()))
         ranks = f.create_group("ranks")
         for r in range(world_size):
             ranks[f"{r:04d}"] = h5py.ExternalLink(f"rank{r:04d}.h5", "/")
+
+
+#: batch-system variables worth keeping with a run (Slurm's job, array task and nodes)
+SCHEDULER_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME",
+                  "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_JOB_PARTITION",
+                  "SLURM_CLUSTER_NAME")
+
+
+def scheduler_info() -> dict:
+    """The batch system's description of this job ({} outside one)."""
+    return {k: os.environ[k] for k in SCHEDULER_VARS if k in os.environ}
 
 
 def finish_run_file(run_dir: Path, totals: dict) -> None:
@@ -179,3 +199,41 @@ def open_run(run_h5: Path) -> h5py.File:
     without closing it; the external links to the rank files inherit it."""
     return h5py.File(run_h5, "r", libver="latest", swmr=True)
 
+
+
+# -- microbenchmark results (python -m mpirl.bench --out FILE.h5) ------------------------------
+#: one row per (topology, message size) of a benchmark run; latencies are each rank's mean
+#: over the timed calls, reduced over ranks (the best of the rounds by average).
+BENCH_DTYPE = np.dtype([
+    ("topology", "S32"),       # registry name; "native:ALGO" for MPICH with a forced algorithm
+    ("bytes", "i8"),           # message size
+    ("iters", "i8"),           # timed calls per round
+    ("min_s", "f8"),
+    ("avg_s", "f8"),
+    ("max_s", "f8"),
+])
+BENCH_KIND = "mpirl.bench"
+
+
+def write_bench_file(path: Path, rows: np.ndarray, *, op: str, world_size: int,
+                     hostnames: list[str], cores: list[int], mpi_library: str,
+                     rounds: int) -> None:
+    """A benchmark's results: attrs ``kind`` (= ``mpirl.bench``), ``schema``, ``op``,
+    ``world_size``, ``mpi_library``, ``hostnames_json``, ``oversubscribed``, ``rounds``,
+    ``git_commit``, ``unix_s``; dataset ``results`` of :data:`BENCH_DTYPE` rows."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        f.attrs.update(kind=BENCH_KIND, schema=SCHEMA_VERSION, op=op, world_size=world_size,
+                       mpi_library=mpi_library, hostnames_json=json.dumps(hostnames),
+                       oversubscribed=_oversubscribed(hostnames, cores), rounds=rounds,
+                       git_commit=git_commit(), unix_s=time.time())
+        f.create_dataset("results", data=rows.astype(BENCH_DTYPE))
+
+
+def _oversubscribed(hostnames: list[str], cores: list[int]) -> bool:
+    """True when some node ran more ranks than it has cores."""
+    per_node: dict[str, int] = {}
+    for host in hostnames:
+        per_node[host] = per_node.get(host, 0) + 1
+    cores_of = dict(zip(hostnames, cores, strict=True))
+    return any(n > cores_of[h] for h, n in per_node.items())

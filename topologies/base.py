@@ -37,9 +37,15 @@ class BufferMismatchError(TopologyError):
 
 
 class CommStats:
-    """Running totals of what this rank's topology calls sent and received."""
+    """Running totals of what this rank's topology calls sent and received.
 
-    __slots__ = ("calls", "messages_sent", "bytes_sent", "bytes_recv")
+    ``wait_s`` is the time spent blocked before a peer's message had arrived, kept only by
+    topologies whose ``measures_wait`` is True (their waits are polls, so they can tell
+    waiting from moving data).  A blocking collective cannot tell the two apart from
+    inside; for those, ``analysis`` derives each rank's waiting from when every rank
+    entered the same call (the log's ``exchange_t_s``), which needs no extra messages."""
+
+    __slots__ = ("calls", "messages_sent", "bytes_sent", "bytes_recv", "wait_s")
 
     def __init__(self) -> None:
         self.reset()
@@ -49,6 +55,7 @@ class CommStats:
         self.messages_sent = 0
         self.bytes_sent = 0
         self.bytes_recv = 0
+        self.wait_s = 0.0
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -83,6 +90,8 @@ class Topology(abc.ABC):
     name: str = ""
     #: True when there is a distinguished rank that everything flows through.
     has_master: bool = False
+    #: True when ``stats.wait_s`` is kept (see :class:`CommStats`).
+    measures_wait: bool = False
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, root: int = 0) -> None:
         if comm == MPI.COMM_NULL:

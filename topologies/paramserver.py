@@ -47,6 +47,7 @@ class ParameterServer:
     """Push/pull exchange between workers and one server rank."""
 
     name = "paramserver"
+    measures_wait = True      # stats.wait_s: time polling for a push (server) or a reply
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, root: int = 0,
                  meta_len: int = 0) -> None:
@@ -89,7 +90,7 @@ class ParameterServer:
         flat = check_buffer(buf)
         status = MPI.Status()
         _wait_until(lambda: self.comm.Iprobe(self.root, MPI.ANY_TAG, status), timeout_s,
-                    f"worker {self.rank}: no reply from the parameter server")
+                    f"worker {self.rank}: no reply from the parameter server", self.stats)
         if status.Get_tag() == TAG_STOP:
             self.comm.Recv([flat[:0], MPI_DTYPES[flat.dtype]], self.root, TAG_STOP)
             stopped = True
@@ -124,7 +125,7 @@ class ParameterServer:
         :meth:`reply` or :meth:`stop` is called for that worker."""
         status = MPI.Status()
         index = _wait_until(lambda: _testany(self._recv_reqs, status), timeout_s,
-                            "parameter server: no worker pushed")
+                            "parameter server: no worker pushed", self.stats)
         worker = self.workers[index]
         buf = self._recv_bufs[worker]
         got = status.Get_count(MPI_DTYPES[buf.dtype])
@@ -194,16 +195,20 @@ def _testany(requests: list[MPI.Request], status: MPI.Status):
     return index if flag and index != MPI.UNDEFINED else None
 
 
-def _wait_until(poll, timeout_s: float | None, what: str):
+def _wait_until(poll, timeout_s: float | None, what: str, stats: CommStats | None = None):
     """Call ``poll`` until it returns something truthy (or an int index); deadline-bound.
 
     Polls with a back-off from 0 to 1 ms of sleep, so a waiting rank does not spin a core
-    that an oversubscribed neighbour needs."""
+    that an oversubscribed neighbour needs.  The time until the poll succeeds is added
+    to ``stats.wait_s``."""
+    start = time.perf_counter()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pause = 0.0
     while True:
         result = poll()
         if result is not None and result is not False:
+            if stats is not None:
+                stats.wait_s += time.perf_counter() - start
             return result
         if deadline is not None and time.monotonic() > deadline:
             raise DeadlineExceeded(f"{what} within {timeout_s:g} s")

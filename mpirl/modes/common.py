@@ -120,19 +120,30 @@ class RunLogger:
         self.rank = comm.Get_rank()
         self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every)
         self._log_s = 0.0
-        self.update_start = 0.0
+        self.update_start = self.exchange_start = 0.0
 
     def mark_update_start(self) -> None:
+        """The first update starts now; each later one starts where the last record ended."""
         self.update_start = self.log.now()
 
+    def mark_exchange_start(self) -> None:
+        self.exchange_start = self.log.now()
+
     def record(self, update: int, phases: dict, **fields) -> None:
-        """One update row: phase seconds plus any of the row's other fields."""
+        """One update row: phase seconds plus any of the row's other fields.
+
+        The update's time not in any phase is its ``other_s``; the next update starts
+        when this call returns, so consecutive rows tile the rank's time."""
         t0 = time.perf_counter()
+        other = self.log.now() - self.update_start - sum(phases.values())
         row = self.log.new_update(update, self.update_start, phases)
+        row["other_s"] = max(0.0, other)
+        row["exchange_t_s"] = self.exchange_start
         for key, value in fields.items():
             row[key] = value
         row["log_s"] = self._log_s
         self._log_s = time.perf_counter() - t0
+        self.update_start = self.log.now()
 
     def episodes(self, update: int, finished: list[tuple[float, int]]) -> None:
         for ret, length in finished:

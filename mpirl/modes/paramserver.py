@@ -98,15 +98,13 @@ def _work(cfg: Config, ps: ParameterServer, replica: Replica, episodes: Episodes
     with timer("exchange_s"):
         alive = ps.pull(param, timeout_s=cfg.wait_timeout_s)      # the initial parameters
     _merge(phases, timer.take())
+    logger.mark_update_start()
     while alive:
-        logger.mark_update_start()
         batch = replica.collect(timer)
         finished = replica.roller.drain_episodes()
         episodes.add(finished)
         logger.episodes(pushes, finished)
         for repeat in range(cfg.update_repeat):
-            if repeat:
-                logger.mark_update_start()
             replica.gradient(batch, timer)
             this_push = timer.take()
             first = repeat == 0     # env steps and episodes travel with the batch's first push
@@ -118,7 +116,8 @@ def _work(cfg: Config, ps: ParameterServer, replica: Replica, episodes: Episodes
             meta[_BUSY] = sum(phases.values()) + sum(this_push.values())
             recent = episodes.recent_mean()
             meta[_RECENT] = np.nan if recent is None else recent
-            sent, received = ps.stats.bytes_sent, ps.stats.bytes_recv
+            sent, received, waited = ps.stats.bytes_sent, ps.stats.bytes_recv, ps.stats.wait_s
+            logger.mark_exchange_start()
             with timer("exchange_s"):
                 ps.push(grad, meta)
                 pushes += 1
@@ -127,7 +126,7 @@ def _work(cfg: Config, ps: ParameterServer, replica: Replica, episodes: Episodes
             _merge(phases, this_push)
             logger.record(pushes, this_push, bytes_sent=ps.stats.bytes_sent - sent,
                           bytes_recv=ps.stats.bytes_recv - received,
-                          env_steps=int(meta[_STEPS]))
+                          wait_s=ps.stats.wait_s - waited, env_steps=int(meta[_STEPS]))
             if not alive:
                 break
     return pushes, phases
@@ -171,10 +170,12 @@ class _Server:
         for worker in self.ps.workers:
             self._answer(worker)
         timer = PhaseTimer()
+        self.logger.mark_update_start()
         while self.active:
-            self.logger.mark_update_start()
-            sent, received = self.ps.stats.bytes_sent, self.ps.stats.bytes_recv
+            stats = self.ps.stats
+            sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
             applied, version_at_receipt = self.applied, self.version
+            self.logger.mark_exchange_start()
             with timer("exchange_s"):
                 worker, buf, meta = self.ps.wait_push(timeout_s=self.cfg.wait_timeout_s)
             computed_on = self.sent_version[worker]
@@ -191,6 +192,7 @@ class _Server:
             self.logger.record(self.version, timer.take(),
                                bytes_sent=self.ps.stats.bytes_sent - sent,
                                bytes_recv=self.ps.stats.bytes_recv - received,
+                               wait_s=stats.wait_s - waited,
                                env_steps=int(meta[_STEPS]), param_version=computed_on,
                                staleness=version_at_receipt - computed_on,
                                dropped=int(self.applied == applied))

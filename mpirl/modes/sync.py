@@ -55,15 +55,14 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     progress = Progress(run_dir, enabled=rank == 0)
     update = 0
     solved = False
+    logger.mark_update_start()
     for batch_index in range(1, batches + 1):
-        logger.mark_update_start()
         batch = replica.collect(timer)
         finished = replica.roller.drain_episodes()
         for repeat in range(cfg.update_repeat):
-            if repeat:
-                logger.mark_update_start()
             replica.gradient(batch, timer)
             sent, received = topo.stats.bytes_sent, topo.stats.bytes_recv
+            logger.mark_exchange_start()
             with timer("exchange_s"):
                 topo.allreduce(grad, average=True)
             replica.apply(timer)
