@@ -5,10 +5,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 NP     ?= 4
 ARGS   ?=
+SWEEP  ?= experiments/topologies.yaml
+FIGS   ?= figures
+RUNS   ?= runs/sweeps/topologies
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mpirl-installed
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench sweep plot clean
 
 install: $(STAMP)
 
@@ -26,6 +29,14 @@ test: install
 
 bench: install
 	$(BIN)/mpirun -np $(NP) $(BIN)/python -m mpirl.bench $(ARGS)
+
+# make sweep SWEEP=experiments/straggler.yaml ARGS="--launcher slurm --submit"
+sweep: install
+	$(BIN)/python -m mpirl.sweep $(SWEEP) $(ARGS)
+
+# every figure of the runs and benchmark files under $(RUNS), into $(FIGS)/
+plot: install
+	$(BIN)/python -m analysis.plot $(RUNS) -o $(FIGS) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
