@@ -14,6 +14,7 @@ import os
 from setuptools import find_packages, setup
 
 MPI_FROM_PYPI = [] if os.environ.get("MPIRL_SITE_MPI") else ["mpich"]
+NOTEBOOKS = ["nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29"]
 
 setup(
     name="mpirl",
@@ -34,9 +35,13 @@ setup(
         "matplotlib>=3.7",
         "gymnasium>=1.1",
         "PyYAML>=6.0",
+        "pandas>=2.0",        # analysis: runs and sweeps as tidy tables
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "ruff>=0.5"],
+        # running analysis/notebooks/*.ipynb headless (the tests do; Jupyter users have it)
+        "notebooks": NOTEBOOKS,
+        "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "ruff>=0.5",
+                *NOTEBOOKS],
     },
     entry_points={"console_scripts": ["mpirl-run=mpirl.run:main"]},
 )

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import socket
 import sys
 import time
 
-from .launch import apply_mpi_defaults
+from .launch import apply_mpi_defaults, cpu_count
 
 apply_mpi_defaults()
 from mpi4py import MPI  # noqa: E402
@@ -23,6 +24,8 @@ from mpi4py import MPI  # noqa: E402
 import numpy as np  # noqa: E402
 
 import topologies  # noqa: E402
+
+from .h5log import BENCH_DTYPE, write_bench_file  # noqa: E402
 
 
 def parse_size(text: str) -> int:
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="timed iterations for small messages (fewer for large)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="repeat the whole sweep; the best round per cell is kept")
+    parser.add_argument("--out", metavar="FILE.h5",
+                        help="also write the results to this HDF5 file (read by analysis.plot)")
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     args = parser.parse_args(argv)
@@ -120,6 +125,15 @@ def main(argv: list[str] | None = None) -> int:
                      for n in instances]
             print(f"{human(nbytes):>10} " + " ".join(cells))
         print("# cell: average over ranks of each rank's mean latency, and its ratio to native")
+    hosts = comm.gather(socket.gethostname())
+    cores = comm.gather(cpu_count())
+    if rank == 0 and args.out:
+        rows = np.array([(name.encode(), nbytes, iterations_for(nbytes, args.iters), *stats)
+                         for (name, nbytes), stats in best.items()], dtype=BENCH_DTYPE)
+        write_bench_file(args.out, rows, op=args.op, world_size=comm.Get_size(),
+                         hostnames=hosts, cores=cores, rounds=args.rounds,
+                         mpi_library=MPI.Get_library_version().splitlines()[0].strip())
+        print(f"# results: {args.out}")
     return 0
 
 

@@ -1,0 +1,234 @@
+"""The figures of a study, each a function of the tidy tables that returns a Figure.
+
+Shared by ``python -m analysis.plot`` and the notebooks.  Colours follow the topology,
+line styles the mode, so a design looks the same in every figure.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .load import COMPUTE_PHASES, Run, breakdown, scaling
+
+TOPOLOGY_COLORS = {"native": "#444444", "star": "#d62728", "tree": "#2ca02c",
+                   "butterfly": "#1f77b4", "ring": "#9467bd"}
+MODE_STYLES = {"sync": "-", "async": "--", "quorum": ":"}
+PART_COLORS = {"env_s": "#4c72b0", "forward_s": "#8da0cb", "straggle_s": "#c6dbef",
+               "backward_s": "#55a868", "optimizer_s": "#8c8c8c", "other_s": "#dcdcdc",
+               "wait_s": "#dd8452", "transfer_s": "#c44e52"}
+PART_LABELS = {"env_s": "env", "forward_s": "forward", "straggle_s": "straggler slowdown",
+               "backward_s": "backward", "optimizer_s": "optimizer",
+               "other_s": "other (bookkeeping)",
+               "wait_s": "exchange: waiting", "transfer_s": "exchange: transfer"}
+
+
+def _color(topology: str) -> str:
+    return TOPOLOGY_COLORS.get(topology, "#17becf")
+
+
+def _design_label(topology: str, mode: str, straggler: str = "none") -> str:
+    label = f"{topology} / {mode}"
+    return label if straggler == "none" else f"{label}, straggler {straggler}"
+
+
+# -- 1. scaling --------------------------------------------------------------------------------
+def scaling_figure(runs: pd.DataFrame) -> plt.Figure:
+    """Env steps/s, updates/s and parallel efficiency vs ranks, one line per design."""
+    table = scaling(runs)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    ranks_all = sorted(table["ranks"].unique())
+    for (topo, mode, strag), d in table.groupby(["topology", "mode", "straggler"]):
+        d = d.sort_values("ranks")
+        style = dict(color=_color(topo), linestyle=MODE_STYLES.get(mode, "-"), marker="o",
+                     label=_design_label(topo, mode, strag))
+        axes[0].errorbar(d["ranks"], d["env_steps_per_s"], yerr=d["env_steps_per_s_std"],
+                         capsize=3, **style)
+        axes[1].errorbar(d["ranks"], d["updates_per_s"], yerr=d["updates_per_s_std"],
+                         capsize=3, **style)
+        axes[2].plot(d["ranks"], d["efficiency"], **style)
+        over = d[d["oversubscribed"]]
+        for ax, col in ((axes[0], "env_steps_per_s"), (axes[1], "updates_per_s"),
+                        (axes[2], "efficiency")):
+            ax.scatter(over["ranks"], over[col], s=90, facecolors="none",
+                       edgecolors="black", zorder=3)
+    ideal = table.groupby("ranks")["ideal_env_steps_per_s"].mean()
+    if ideal.notna().any():
+        axes[0].plot(ideal.index, ideal.values, color="black", linewidth=1, linestyle="--",
+                     label="ideal (linear from 1 rank)")
+    axes[2].axhline(1.0, color="black", linewidth=1, linestyle="--")
+    axes[0].set(title="throughput", ylabel="env steps / s")
+    axes[1].set(title="updates", ylabel="updates / s")
+    axes[2].set(title="parallel efficiency", ylabel="measured / ideal", ylim=(0, None))
+    for ax in axes:
+        ax.set_xlabel("MPI ranks")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks_all, [str(r) for r in ranks_all])
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    note = " (circled: more ranks than cores, timings suspect)" \
+        if table["oversubscribed"].any() else ""
+    fig.suptitle(f"Scaling: throughput and efficiency vs ranks{note}")
+    fig.tight_layout()
+    return fig
+
+
+# -- 2. per-rank timeline ---------------------------------------------------------------------
+def timeline_window(run: Run, updates: int = 8) -> tuple[float, float]:
+    """A window of about ``updates`` updates of the slowest rank, from the middle of the run."""
+    u = run.updates
+    end = (u["t_run_s"] + u["busy_s"]).max()
+    per_update = u.groupby("rank")["busy_s"].median().max()
+    width = min(end, max(per_update * updates, 1e-3))
+    start = max(0.0, end / 2 - width / 2)
+    return start, start + width
+
+
+def timeline_figure(run: Run, window: tuple[float, float] | None = None) -> plt.Figure:
+    """Compute, waiting and transfer as bars along time, one row per rank."""
+    u = run.updates.copy()
+    t0 = u["t_unix_s"].min() - u["t_run_s"].min()
+    lo, hi = window or timeline_window(run)
+    u = u[(u["t_run_s"] + u["busy_s"] >= lo) & (u["t_run_s"] <= hi)]
+    ranks = sorted(run.updates["rank"].unique())
+    fig, ax = plt.subplots(figsize=(13, 0.55 * len(ranks) + 1.8))
+    for _, r in u.iterrows():
+        y = r["rank"]
+        # the whole update in the 'other' colour: what no phase covers shows through
+        ax.broken_barh([(r["t_run_s"], r["busy_s"])], (y - 0.38, 0.76),
+                       color=PART_COLORS["other_s"], linewidth=0)
+        ex = r["exchange_unix_s"] - t0
+        collect = r["env_s"] + r["forward_s"]
+        segments = [(r["t_run_s"], collect, "env_s"),
+                    (r["t_run_s"] + collect, r["straggle_s"], "straggle_s")]
+        if not math.isnan(ex):
+            segments += [(ex - r["backward_s"], r["backward_s"], "backward_s"),
+                         (ex, r["wait_s"], "wait_s"),
+                         (ex + r["wait_s"], r["transfer_s"], "transfer_s"),
+                         (ex + r["exchange_s"], r["optimizer_s"], "optimizer_s")]
+        for start, width, part in segments:
+            if width > 0:
+                ax.broken_barh([(start, width)], (y - 0.38, 0.76), color=PART_COLORS[part],
+                               linewidth=0)
+    roles = run.updates.groupby("rank")["role"].first()
+    ax.set_yticks(ranks, [f"rank {r}" + (" (server)" if roles[r] == "server" else "")
+                          for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("seconds since the run started")
+    shown = [p for p in PART_COLORS if p != "forward_s"]    # drawn inside env + forward
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PART_COLORS[p]) for p in shown]
+    labels = {**PART_LABELS, "env_s": "env + forward (rollout)"}
+    ax.legend(handles, [labels[p] for p in shown], ncol=4, fontsize=8,
+              loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
+    strag = ",".join(run.config.get("straggler") or []) or "none"
+    ax.set_title(f"Per-rank timeline: {run.config['topology']} / {run.config['mode']}, "
+                 f"{len(ranks)} ranks, straggler {strag} ({hi - lo:.2f} s window)")
+    fig.tight_layout()
+    return fig
+
+
+# -- 3. breakdown ------------------------------------------------------------------------------
+def breakdown_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
+    """Mean seconds per update, stacked by phase, per design x rank count (worker ranks)."""
+    table = breakdown(updates, runs).sort_values(["ranks", "mode", "topology", "straggler"])
+    parts = [p for p in (*COMPUTE_PHASES, "wait_s", "transfer_s") if table[p].sum() > 0]
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(table) + 2), 5))
+    x = np.arange(len(table))
+    bottom = np.zeros(len(table))
+    for part in parts:
+        values = table[part].to_numpy() * 1e3
+        ax.bar(x, values, bottom=bottom, color=PART_COLORS[part], label=PART_LABELS[part])
+        bottom += values
+    labels = [f"{r.topology}/{r.mode}\n{r.ranks}r" + ("" if r.straggler == "none" else
+                                                      f"\nstr {r.straggler}")
+              for r in table.itertuples()]
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("ms per update (mean over worker ranks)")
+    ax.set_title("Where an update's time goes, per topology x ranks")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# -- 4. staleness ------------------------------------------------------------------------------
+def staleness_figure(runs: list[Run]) -> plt.Figure:
+    """Histogram of applied gradients' staleness, one panel per async/quorum run."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
+    for ax, run in zip(axes[0], runs, strict=True):
+        s = run.staleness
+        if not len(s):    # older runs: the server's applied rows carry the same numbers
+            server = run.updates[(run.updates["role"] == "server") &
+                                 (run.updates["dropped"] == 0)]
+            s = server["staleness"].to_numpy()
+        bins = np.arange(-0.5, max(int(s.max()) if len(s) else 0, 1) + 1.5)
+        ax.hist(s, bins=bins, color=_color(run.config["topology"]), alpha=0.8)
+        strag = ",".join(run.config.get("straggler") or []) or "none"
+        ax.set_title(f"{run.config['mode']}, {run.meta['world_size']} ranks, straggler {strag}"
+                     f"\nmean {np.mean(s) if len(s) else float('nan'):.2f}, n={len(s)}",
+                     fontsize=9)
+        ax.set_xlabel("staleness (server updates between pull and apply)")
+        ax.set_ylabel("gradients applied")
+    fig.suptitle("Staleness of applied gradients")
+    fig.tight_layout()
+    return fig
+
+
+# -- 5. learning curves ------------------------------------------------------------------------
+def learning_figure(runs: list[Run], smooth: int = 50) -> plt.Figure:
+    """Return vs env steps and vs wall-clock, one line per run."""
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), sharey=True)
+    palette = plt.get_cmap("tab10").colors
+    for i, run in enumerate(sorted(runs, key=lambda r: r.name)):
+        e = run.episodes
+        if not len(e):
+            continue
+        ret = e["return"].rolling(min(smooth, len(e)), min_periods=1).mean()
+        strag = ",".join(run.config.get("straggler") or [])
+        label = f"{run.config['topology']}/{run.config['mode']} {run.meta['world_size']}r" + \
+            (f" straggler {strag}" if strag else "")
+        style = dict(color=palette[i % len(palette)], linewidth=1.3, label=label,
+                     linestyle=MODE_STYLES.get(run.config["mode"], "-"))
+        axes[0].plot(e["env_steps"], ret, **style)
+        axes[1].plot(e["t_run_s"], ret, **style)
+    axes[0].set(xlabel="env steps (all ranks)", ylabel=f"episode return (mean of {smooth})",
+                title="vs experience")
+    axes[1].set(xlabel="wall-clock seconds", title="vs time")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.suptitle("Learning curves")
+    fig.tight_layout()
+    return fig
+
+
+# -- 6. collective latency ---------------------------------------------------------------------
+def latency_figure(bench: pd.DataFrame) -> plt.Figure:
+    """Latency and bandwidth vs message size per topology, one row per (op, ranks)."""
+    groups = list(bench.groupby(["op", "ranks"]))
+    fig, axes = plt.subplots(len(groups), 2, figsize=(13, 4.2 * len(groups)), squeeze=False)
+    for (ax_lat, ax_bw), ((op, ranks), d) in zip(axes, groups, strict=True):
+        for topo, t in d.groupby("topology"):
+            t = t.sort_values("bytes")
+            kw = dict(color=_color(topo.split(":")[0]), marker="o", markersize=3, label=topo,
+                      linestyle="--" if ":" in topo else "-")
+            ax_lat.plot(t["bytes"], t["avg_s"] * 1e6, **kw)
+            ax_lat.fill_between(t["bytes"], t["min_s"] * 1e6, t["max_s"] * 1e6,
+                                color=kw["color"], alpha=0.12)
+            ax_bw.plot(t["bytes"], t["bytes"] / t["avg_s"] / 2 ** 20, **kw)
+        ax_lat.set(xscale="log", yscale="log", xlabel="message size (bytes)",
+                   ylabel="latency (us; band: min-max over ranks)",
+                   title=f"{op} latency, {ranks} ranks")
+        ax_bw.set(xscale="log", xlabel="message size (bytes)", ylabel="MiB / s (size / latency)",
+                  title=f"{op} bandwidth, {ranks} ranks")
+        for ax in (ax_lat, ax_bw):
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3, which="both")
+        ax_lat.legend(fontsize=8)
+    fig.suptitle("Collective latency vs message size (mpirl.bench)")
+    fig.tight_layout()
+    return fig
