@@ -1,0 +1,98 @@
+"""The Slurm path against a real single-node Slurm (``.ci/slurm-up`` starts one; CI runs
+it before the suite and sets MPIRL_REQUIRE_SLURM=1, so there a missing Slurm fails)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import TINY, run_sweep
+from mpirl.h5log import open_run
+
+
+def slurm_ready() -> str | None:
+    """None when a Slurm controller answers and a node is usable, else why not."""
+    if shutil.which("sinfo") is None:
+        return "no sinfo on PATH (run .ci/slurm-up as root to start a local Slurm)"
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                         timeout=30)
+    states = out.stdout.split()
+    if out.returncode != 0 or not any(s.rstrip("*") in ("idle", "mixed", "allocated")
+                                      and not s.endswith("*") for s in states):
+        return f"Slurm not usable: sinfo says {out.stdout.strip() or out.stderr.strip()!r}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    why = slurm_ready()
+    if why:
+        if os.environ.get("MPIRL_REQUIRE_SLURM") == "1":
+            pytest.fail(f"MPIRL_REQUIRE_SLURM=1 but {why}")
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_sweep_submitted_to_slurm_leaves_run_directories_and_logs(slurm, tmp_path, launcher):
+    definition = {"name": f"slurm-{launcher}", "config": {**TINY, "total_steps": 640},
+                  "grid": {"ranks": [1, 2], "topology": ["butterfly"]},
+                  "slurm": {"time": "00:05:00", "nodes": 1, "launcher": launcher}}
+    result = run_sweep(definition, tmp_path, "--launcher", "slurm", "--submit", "--wait", "300")
+    assert result.returncode == 0, result.stdout + result.stderr
+    sweep_dir = tmp_path / definition["name"]
+    jobs = dict(line.split()[::-1] for line in
+                (sweep_dir / "slurm" / "jobs.txt").read_text().splitlines())
+    for ranks in (1, 2):
+        name = f"butterfly-sync-{ranks}r-s1"
+        summary = json.loads((sweep_dir / name / "summary.json").read_text())
+        assert summary["ranks"] == ranks and summary["env_steps"] >= 640 - 16 * ranks
+        with open_run(sweep_dir / name / "run.h5") as f:
+            assert f.attrs["world_size"] == ranks
+            scheduler = json.loads(f.attrs["scheduler_json"])
+            assert scheduler["SLURM_JOB_ID"] == jobs[name]
+            assert scheduler["SLURM_JOB_NAME"] == f"mpirl-{definition['name']}-{name}"
+            for r in range(ranks):
+                assert len(f[f"ranks/{r:04d}/updates"]) == summary["updates"]
+        log = sweep_dir / "logs" / f"{name}.slurm-{jobs[name]}.out"
+        assert "run files:" in log.read_text()
+    # submitted again, nothing is left to do
+    again = run_sweep(definition, tmp_path, "--launcher", "slurm", "--submit")
+    assert again.returncode == 0 and "2 done, 0 to run" in again.stdout
+
+
+def test_hand_written_array_template_runs_one_topology_per_task(slurm, tmp_path):
+    from conftest import ROOT
+
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--wait", "--ntasks=2", "--array=0-1",
+         f"--output={tmp_path}/slurm-%A_%a.out", "experiments/slurm/topologies_array.sbatch",
+         "--total-steps", "640", "--num-envs", "2", "--rollout-steps", "8"],
+        cwd=ROOT, env={**os.environ, "MPIRL_RUN_DIR": str(tmp_path)}, capture_output=True,
+        text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    array_id = out.stdout.strip().split(";")[0]
+    for topology in ("native", "star"):         # TOPOLOGIES[0], TOPOLOGIES[1]
+        run_dir = tmp_path / f"array-{array_id}" / f"{topology}-2r"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["topology"] == topology and summary["ranks"] == 2
+        with open_run(run_dir / "run.h5") as f:
+            assert json.loads(f.attrs["scheduler_json"])["SLURM_ARRAY_JOB_ID"] == array_id
+
+
+def test_hand_written_single_run_template(slurm, tmp_path):
+    from conftest import ROOT
+
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--wait", "--ntasks=3", "--job-name=one",
+         f"--output={tmp_path}/slurm-%j.out", "experiments/slurm/run.sbatch",
+         "--topology", "ring", "--total-steps", "640", "--num-envs", "2", "--rollout-steps", "8"],
+        cwd=ROOT, env={**os.environ, "MPIRL_RUN_DIR": str(tmp_path)}, capture_output=True,
+        text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = out.stdout.strip().split(";")[0]
+    summary = json.loads((tmp_path / f"one-{job}" / "summary.json").read_text())
+    assert summary["topology"] == "ring" and summary["ranks"] == 3
