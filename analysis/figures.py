@@ -136,15 +136,15 @@ def breakdown_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
     """Mean seconds per update, stacked by phase, per design x rank count (worker ranks)."""
     table = breakdown(updates, runs).sort_values(["ranks", "mode", "topology", "straggler"])
     parts = [p for p in (*COMPUTE_PHASES, "wait_s", "transfer_s") if table[p].sum() > 0]
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(table) + 2), 5))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.75 * len(table) + 2), 5))
     x = np.arange(len(table))
     bottom = np.zeros(len(table))
     for part in parts:
         values = table[part].to_numpy() * 1e3
         ax.bar(x, values, bottom=bottom, color=PART_COLORS[part], label=PART_LABELS[part])
         bottom += values
-    labels = [f"{r.topology}/{r.mode}\n{r.ranks}r" + ("" if r.straggler == "none" else
-                                                      f"\nstr {r.straggler}")
+    labels = [f"{r.topology}\n{r.mode}\n{r.ranks}r" + ("" if r.straggler == "none" else
+                                                        f"\nstraggler\n{r.straggler}")
               for r in table.itertuples()]
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("ms per update (mean over worker ranks)")

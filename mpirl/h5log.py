@@ -40,6 +40,11 @@ import numpy as np
 
 SCHEMA_VERSION = 2
 
+#: HDF5 file-format bounds for every file mpirl writes: the 1.10 format is the oldest
+#: with SWMR, and capping it there keeps the files readable by HDF5 1.10's tools
+#: (Debian's ``h5dump``) although h5py's own library (HDF5 2.x) would write newer ones.
+LIBVER = ("v110", "v110")
+
 #: per-update record; ``-1`` where a field does not apply (e.g. staleness in sync mode).
 #: Schema 2 added ``exchange_t_s``, ``wait_s`` and ``other_s``.
 UPDATE_DTYPE = np.dtype([
@@ -122,7 +127,7 @@ class RankLog:
     def __init__(self, run_dir: Path, rank: int, role: str, flush_every: int) -> None:
         self.path = Path(run_dir) / f"rank{rank:04d}.h5"
         self.start = time.perf_counter()
-        self.file = h5py.File(self.path, "w", libver="latest")
+        self.file = h5py.File(self.path, "w", libver=LIBVER)
         self.file.attrs.update(rank=rank, hostname=socket.gethostname(), role=role,
                                start_unix_s=time.time(), schema=SCHEMA_VERSION)
         self.updates = _Table(self.file, "updates", UPDATE_DTYPE, flush_every)
@@ -163,7 +168,7 @@ def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: l
     """Rank 0: create ``run.h5`` with the run's metadata and links to every rank's file."""
     cores_of = dict(zip(hostnames, cores, strict=True))
     oversubscribed = _oversubscribed(hostnames, cores)
-    with h5py.File(Path(run_dir) / "run.h5", "w", libver="latest") as f:
+    with h5py.File(Path(run_dir) / "run.h5", "w", libver=LIBVER) as f:
         f.attrs.update(schema=SCHEMA_VERSION, mpirl_version=version, git_commit=git_commit(),
                        mpi_library=mpi_library, world_size=world_size, mode=config["mode"],
                        topology=config["topology"], env=config["env"],
@@ -222,7 +227,7 @@ def write_bench_file(path: Path, rows: np.ndarray, *, op: str, world_size: int,
     ``world_size``, ``mpi_library``, ``hostnames_json``, ``oversubscribed``, ``rounds``,
     ``git_commit``, ``unix_s``; dataset ``results`` of :data:`BENCH_DTYPE` rows."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(path, "w") as f:
+    with h5py.File(path, "w", libver=LIBVER) as f:
         f.attrs.update(kind=BENCH_KIND, schema=SCHEMA_VERSION, op=op, world_size=world_size,
                        mpi_library=mpi_library, hostnames_json=json.dumps(hostnames),
                        oversubscribed=_oversubscribed(hostnames, cores), rounds=rounds,

@@ -26,6 +26,16 @@ TINY_SWEEP = {
 }
 
 
+def require(why_not: str | None) -> None:
+    """Skip a test whose outside tool is missing (saying why); under CI (MPIRL_CI=1, set by
+    .ci/run, which installs the tools) fail instead, so a missing tool is never a pass."""
+    if why_not is None:
+        return
+    if os.environ.get("MPIRL_CI") == "1":
+        pytest.fail(f"MPIRL_CI=1 but {why_not}")
+    pytest.skip(why_not)
+
+
 def run_sweep(definition: dict, out: Path, *args: str, timeout_s: float = 600):
     """``python -m mpirl.sweep`` on ``definition`` (written to out/NAME.yaml), as users run it."""
     out.mkdir(parents=True, exist_ok=True)

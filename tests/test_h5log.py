@@ -96,3 +96,25 @@ def test_logs_survive_sigkill_and_stay_readable(tmp_path):
             u = f[f"ranks/{r:04d}/updates"][...]
             assert len(u) >= 14 and len(u) % 7 == 0        # whole flushes only
             assert list(u["update"]) == list(range(1, len(u) + 1))
+
+
+def test_h5dump_reads_run_and_rank_files(tiny_sweep):
+    import shutil
+
+    from conftest import require
+
+    require(None if shutil.which("h5dump") else "no h5dump on PATH (Debian's hdf5-tools)")
+    run_dir = tiny_sweep / "butterfly-sync-2r-s1"
+
+    def dump(*args):
+        out = subprocess.run(["h5dump", *args], cwd=run_dir, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0 and "error" not in out.stderr, out.stderr
+        return out.stdout
+
+    meta = dump("-A", "run.h5")
+    assert 'ATTRIBUTE "world_size"' in meta and 'EXTERNAL_LINK "0001"' in meta
+    header = dump("-H", "rank0001.h5")
+    for column in ("exchange_t_s", "wait_s", "other_s", "log_s"):
+        assert f'"{column}"' in header
+    assert "(0): {" in dump("-d", "/updates", "-c", "1", "rank0001.h5")

@@ -1,5 +1,5 @@
 """The Slurm path against a real single-node Slurm (``.ci/slurm-up`` starts one; CI runs
-it before the suite and sets MPIRL_REQUIRE_SLURM=1, so there a missing Slurm fails)."""
+it before the suite and sets MPIRL_CI=1, so there a missing Slurm fails)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import TINY, run_sweep
+from conftest import TINY, require, run_sweep
 from mpirl.h5log import open_run
 
 
@@ -29,11 +29,7 @@ def slurm_ready() -> str | None:
 
 @pytest.fixture(scope="module")
 def slurm():
-    why = slurm_ready()
-    if why:
-        if os.environ.get("MPIRL_REQUIRE_SLURM") == "1":
-            pytest.fail(f"MPIRL_REQUIRE_SLURM=1 but {why}")
-        pytest.skip(why)
+    require(slurm_ready())
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "srun"])
