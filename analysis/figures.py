@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
@@ -17,6 +18,8 @@ from .load import COMPUTE_PHASES, Run, breakdown, scaling
 TOPOLOGY_COLORS = {"native": "#444444", "star": "#d62728", "tree": "#2ca02c",
                    "butterfly": "#1f77b4", "ring": "#9467bd"}
 MODE_STYLES = {"sync": "-", "async": "--", "quorum": ":"}
+#: MPICH's forced algorithms in mpirl.bench results (dashed lines)
+MPICH_COLORS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#ff7f0e"]
 PART_COLORS = {"env_s": "#4c72b0", "forward_s": "#8da0cb", "straggle_s": "#c6dbef",
                "backward_s": "#55a868", "optimizer_s": "#8c8c8c", "other_s": "#dcdcdc",
                "wait_s": "#dd8452", "transfer_s": "#c44e52"}
@@ -81,7 +84,7 @@ def timeline_window(run: Run, updates: int = 8) -> tuple[float, float]:
     """A window of about ``updates`` updates of the slowest rank, from the middle of the run."""
     u = run.updates
     end = (u["t_run_s"] + u["busy_s"]).max()
-    per_update = u.groupby("rank")["busy_s"].median().max()
+    per_update = end / max(1, u.groupby("rank").size().max())     # wall time per update
     width = min(end, max(per_update * updates, 1e-3))
     start = max(0.0, end / 2 - width / 2)
     return start, start + width
@@ -211,10 +214,14 @@ def latency_figure(bench: pd.DataFrame) -> plt.Figure:
     """Latency and bandwidth vs message size per topology, one row per (op, ranks)."""
     groups = list(bench.groupby(["op", "ranks"]))
     fig, axes = plt.subplots(len(groups), 2, figsize=(13, 4.2 * len(groups)), squeeze=False)
+    forced = sorted({t for t in bench["topology"] if ":" in t})
+    mpich_colors = dict(zip(forced, MPICH_COLORS * (1 + len(forced) // len(MPICH_COLORS)),
+                            strict=False))
     for (ax_lat, ax_bw), ((op, ranks), d) in zip(axes, groups, strict=True):
         for topo, t in d.groupby("topology"):
             t = t.sort_values("bytes")
-            kw = dict(color=_color(topo.split(":")[0]), marker="o", markersize=3, label=topo,
+            kw = dict(color=mpich_colors.get(topo) or _color(topo), marker="o", markersize=3,
+                      label=topo if ":" not in topo else f"MPICH {topo.split(':')[1]}",
                       linestyle="--" if ":" in topo else "-")
             ax_lat.plot(t["bytes"], t["avg_s"] * 1e6, **kw)
             ax_lat.fill_between(t["bytes"], t["min_s"] * 1e6, t["max_s"] * 1e6,
@@ -229,6 +236,69 @@ def latency_figure(bench: pd.DataFrame) -> plt.Figure:
             ax.set_xscale("log", base=2)
             ax.grid(alpha=0.3, which="both")
         ax_lat.legend(fontsize=8)
-    fig.suptitle("Collective latency vs message size (mpirl.bench)")
+    fig.suptitle("Collective latency vs message size (mpirl.bench; dashed: MPICH forced to "
+                 "one algorithm)")
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    return fig
+
+
+# -- 7. simulator step times -------------------------------------------------------------------
+def sim_steps_figure(runs: list[Run]) -> plt.Figure:
+    """Distribution of per-step simulator time (``sim_steps``), one panel per run:
+    the heavy tail that makes slow simulators stragglers."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 3.8), squeeze=False)
+    for ax, run in zip(axes[0], runs, strict=True):
+        t = run.sim_steps["sim_s"].to_numpy() * 1e3
+        bins = np.logspace(np.log10(max(t.min(), 1e-3)), np.log10(t.max()), 50)
+        ax.hist(t, bins=bins, color=_color(run.config["topology"]), alpha=0.8)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        median, p99 = np.quantile(t, [0.5, 0.99])
+        for value, style in ((median, "-"), (p99, "--")):
+            ax.axvline(value, color="black", linestyle=style, linewidth=1)
+        repeat = run.config.get("action_repeat", 1)
+        ax.set_title(f"{run.config['env']}, {run.meta['world_size']} ranks\n"
+                     f"median {median:.1f} ms, p99 {p99:.1f} ms (n={len(t)})", fontsize=9)
+        ax.set_xlabel("ms per env step" + (f" ({repeat} simulator steps)" if repeat > 1 else ""))
+        ax.set_ylabel("steps")
+    fig.suptitle("Simulator time per step (solid: median, dashed: p99)")
+    fig.tight_layout()
+    return fig
+
+
+# -- 8. predicted scaling (python -m mpirl.simulate) --------------------------------------------
+def predicted_scaling_figure(predictions: pd.DataFrame, measured: pd.DataFrame,
+                             nbytes: float) -> plt.Figure:
+    """Predicted updates/s, env steps/s and idle share vs ranks (lines), with measured
+    runs' updates/s (points) where given."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for (topo, mode), d in predictions.groupby(["topology", "mode"]):
+        d = d.sort_values("ranks")
+        style = dict(color=_color(topo), linestyle=MODE_STYLES.get(mode, "-"),
+                     label=f"{topo} / {mode}")
+        axes[0].plot(d["ranks"], d["updates_per_s"], **style)
+        axes[1].plot(d["ranks"], d["env_steps_per_s"], **style)
+        axes[2].plot(d["ranks"], d["idle_share"], **style)
+    if len(measured):
+        for (topo, mode), d in measured.groupby(["topology", "mode"]):
+            marker = "o" if mode == "sync" else "s"
+            axes[0].scatter(d["ranks"], d["measured_updates_per_s"], color=_color(topo),
+                            marker=marker, edgecolors="black", zorder=3, s=40)
+            axes[0].scatter(d["ranks"], d["predicted_updates_per_s"], facecolors="none",
+                            edgecolors=_color(topo), marker=marker, zorder=3, s=110)
+    axes[0].set(title="updates / s\n(filled: measured runs; hollow: simulated with each "
+                      "run's own compute)", ylabel="updates / s")
+    axes[1].set(title="env steps / s", ylabel="env steps / s")
+    axes[2].set(title="workers' time not computing (waiting + exchange)",
+                ylabel="share of wall time", ylim=(0, 1))
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("MPI ranks")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Predicted scaling (mpirl.simulate, gradient {nbytes / 1024:.0f} KiB)")
     fig.tight_layout()
     return fig

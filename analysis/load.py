@@ -38,7 +38,8 @@ import pandas as pd
 
 import h5py
 
-from mpirl.h5log import BENCH_KIND, EPISODE_DTYPE, PHASES, UPDATE_DTYPE, open_run
+from mpirl.h5log import (BENCH_KIND, EPISODE_DTYPE, PHASES, SIM_STEP_DTYPE, UPDATE_DTYPE,
+                         open_run)
 
 COMPUTE_PHASES = tuple(p for p in PHASES if p != "exchange_s")
 #: what identifies a design in tables and legends.
@@ -56,6 +57,8 @@ class Run:
     updates: pd.DataFrame
     episodes: pd.DataFrame
     staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: one row per env step of envs that time their simulator: run, rank, update, env, sim_s
+    sim_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def name(self) -> str:
@@ -103,7 +106,7 @@ def load_run(path: str | Path) -> Run:
         for key in ("config_json", "hostnames_json", "cores_per_node_json"):
             if key in meta:
                 meta[key.removesuffix("_json")] = json.loads(meta.pop(key))
-        ups, eps = [], []
+        ups, eps, sims = [], [], []
         for r in range(int(meta["world_size"])):
             g = f[f"ranks/{r:04d}"]
             u = pd.DataFrame(_upgrade(g["updates"][...], UPDATE_DTYPE))
@@ -116,6 +119,10 @@ def load_run(path: str | Path) -> Run:
             e["t_unix_s"] = g.attrs["start_unix_s"] + e["t_s"]
             ups.append(u)
             eps.append(e)
+            if "sim_steps" in g:                  # schema 2 files from before it: absent
+                sim = pd.DataFrame(g["sim_steps"][...])
+                sim.insert(0, "rank", r)
+                sims.append(sim)
     summary_path = path / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     staleness_path = path / "staleness.npy"
@@ -124,9 +131,13 @@ def load_run(path: str | Path) -> Run:
     t0 = min([updates["t_unix_s"].min()] + [e["t_unix_s"].min() for e in eps if len(e)])
     updates["t_run_s"] = updates["t_unix_s"] - t0
     episodes = _episode_progress(pd.concat(eps, ignore_index=True), updates, t0)
-    for table in (updates, episodes):
+    if not sims:
+        sims = [pd.DataFrame(np.zeros(0, SIM_STEP_DTYPE))]
+        sims[0].insert(0, "rank", np.zeros(0, dtype=np.int64))
+    sim_steps = pd.concat(sims, ignore_index=True)
+    for table in (updates, episodes, sim_steps):
         table.insert(0, "run", path.name)
-    return Run(path, meta, config, summary, updates, episodes, staleness)
+    return Run(path, meta, config, summary, updates, episodes, staleness, sim_steps)
 
 
 def _upgrade(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -285,7 +296,10 @@ def load_bench(*paths: str | Path) -> pd.DataFrame:
         with h5py.File(path, "r") as f:
             t = pd.DataFrame(f["results"][...])
             t["topology"] = t["topology"].str.decode("ascii")
-            t["op"] = f.attrs["op"]
+            if "op" in t:
+                t["op"] = t["op"].str.decode("ascii")
+            else:                                       # files from before the op column
+                t["op"] = f.attrs["op"]
             t["ranks"] = int(f.attrs["world_size"])
             t["oversubscribed"] = bool(f.attrs["oversubscribed"])
             t["file"] = str(path)

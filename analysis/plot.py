@@ -10,6 +10,7 @@ Reads every run (a directory with ``run.h5``) and every microbenchmark file
 ``breakdown``      mean seconds per update stacked by phase, per topology x mode x ranks;
 ``staleness``      histogram of applied gradients' staleness (async / quorum runs);
 ``learning``       return vs env steps and vs wall-clock, one line per run;
+``sim_steps``      distribution of per-step simulator time (L2Run-v0, Delay-v0 runs);
 ``latency``        collective latency and bandwidth vs message size (benchmark files).
 
 A figure whose data is absent is skipped with a line saying why; a summary table of
@@ -95,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             skipped.append("staleness: no async or quorum run")
         save(figures.learning_figure(list(sweep.by_name.values())), "learning")
+        timed = [r for r in sweep.by_name.values() if len(r.sim_steps)]
+        if timed:
+            save(figures.sim_steps_figure(timed), "sim_steps")
+        else:
+            skipped.append("sim_steps: no run of an env that times its steps (L2Run, Delay)")
         print(scaling(sweep.runs)[["topology", "mode", "straggler", "ranks", "env_steps_per_s",
                                    "updates_per_s", "efficiency"]].to_string(index=False))
     else:

@@ -12,28 +12,33 @@ from .model import ActorCritic
 
 
 class ActionRepeat(gymnasium.Wrapper):
-    """Apply each action ``k`` times, summing the rewards (one of the book's five tricks)."""
+    """Apply each action ``k`` times, summing the rewards (one of the book's five tricks);
+    a simulator's per-step time (``info["sim_s"]``) is summed too."""
 
     def __init__(self, env: gymnasium.Env, k: int) -> None:
         super().__init__(env)
         self.k = k
 
     def step(self, action):
-        total = 0.0
+        total, sim_s = 0.0, 0.0
         for _ in range(self.k):
             obs, reward, terminated, truncated, info = self.env.step(action)
             total += float(reward)
+            sim_s += info.get("sim_s", 0.0)
             if terminated or truncated:
                 break
+        if "sim_s" in info:
+            info = {**info, "sim_s": sim_s}
         return obs, total, terminated, truncated, info
 
 
-def make_envs(env_id: str, num_envs: int, seed: int,
-              action_repeat: int = 1) -> gymnasium.vector.SyncVectorEnv:
+def make_envs(env_id: str, num_envs: int, seed: int, action_repeat: int = 1,
+              kwargs: dict | None = None) -> gymnasium.vector.SyncVectorEnv:
     """``num_envs`` copies of ``env_id`` that reset themselves in the step that ends them."""
+    from . import envs as own_envs  # noqa: F401  (registers mpirl's own ids)
 
     def make():
-        env = gymnasium.make(env_id)
+        env = gymnasium.make(env_id, **(kwargs or {}))
         return ActionRepeat(env, action_repeat) if action_repeat > 1 else env
 
     envs = gymnasium.vector.SyncVectorEnv(
@@ -63,6 +68,7 @@ class Roller:
         self._running_return = np.zeros(envs.num_envs)
         self._running_length = np.zeros(envs.num_envs, dtype=np.int64)
         self.finished: list[tuple[float, int]] = []   # (return, length) since last drain
+        self.sim_times: list[np.ndarray] = []   # per step: each env's info["sim_s"], if any
         box = envs.single_action_space
         self._low = getattr(box, "low", None)
         self._high = getattr(box, "high", None)
@@ -74,6 +80,12 @@ class Roller:
     def drain_episodes(self) -> list[tuple[float, int]]:
         done, self.finished = self.finished, []
         return done
+
+    def drain_sim_times(self) -> np.ndarray:
+        """Seconds each env step took inside the simulator since the last drain, as an
+        array ``[steps, num_envs]`` (empty when the env does not report ``sim_s``)."""
+        times, self.sim_times = self.sim_times, []
+        return np.stack(times) if times else np.zeros((0, self.envs.num_envs))
 
     @torch.no_grad()
     def collect(self, model: ActorCritic, steps: int, timer) -> Batch:
@@ -92,6 +104,7 @@ class Roller:
                 env_action = np.clip(env_action, self._low, self._high)
             with timer("env_s"):
                 next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
+            self._track_sim_time(info)
             reward = np.asarray(reward, dtype=np.float64)
             self._track_episodes(reward, terminated | truncated)
             if truncated.any():   # a time limit is not a terminal state: bootstrap from it
@@ -125,6 +138,19 @@ class Roller:
             adv[t] = running
             next_value = values[t]
         return adv
+
+    def _track_sim_time(self, info: dict) -> None:
+        """Keep each env's ``sim_s`` of this step; an env whose episode ended in it (and
+        reset at once) reports its step in ``final_info``."""
+        final = info.get("final_info", {})
+        if "sim_s" not in info and "sim_s" not in final:
+            return
+        step = np.zeros(self.envs.num_envs)
+        for source in (info, final):
+            if "sim_s" in source:
+                mask = source["_sim_s"]
+                step[mask] = np.asarray(source["sim_s"], dtype=np.float64)[mask]
+        self.sim_times.append(step)
 
     def _track_episodes(self, reward: np.ndarray, done: np.ndarray) -> None:
         self._running_return += reward

@@ -51,7 +51,12 @@ class Config:
         "slow ranks, as RANK:FACTOR (repeatable): after each rollout the rank idles "
         "(FACTOR-1) times as long as the rollout took", default_factory=list)
     # --- environment and budget ----------------------------------------------------
-    env: str = _doc("gymnasium environment id", default="CartPole-v1")
+    env: str = _doc("gymnasium environment id; also mpirl's own L2Run-v0 (Learning to Run on "
+                    "OpenSim) and Delay-v0 (a synthetic env with a tunable step cost)",
+                    default="CartPole-v1")
+    env_arg: list = _doc(
+        "argument of L2Run-v0 or Delay-v0 as KEY=VALUE (repeatable), e.g. difficulty=2, "
+        "cost_s=0.01, dist=lognormal", default_factory=list)
     seed: int = _doc("base seed; rank r seeds its env with seed + 10000*r", default=1)
     total_steps: int = _doc("env steps summed over all ranks before the run stops",
                             default=200_000)
@@ -105,6 +110,19 @@ class Config:
     def slowdown_of(self, rank: int) -> float:
         """The straggler factor of ``rank`` (1.0 when it is not a straggler)."""
         return parse_stragglers(self.straggler).get(rank, 1.0)
+
+    def env_kwargs(self) -> dict:
+        """``env_arg`` as keyword arguments; values are read as YAML (2 -> int, x -> str)."""
+        out = {}
+        for spec in self.env_arg:
+            key, sep, text = str(spec).partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"env_arg={spec!r}; expected KEY=VALUE, e.g. difficulty=2")
+            try:
+                out[key.strip()] = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise ConfigError(f"env_arg={spec!r}: {text!r} is not a value") from None
+        return out
 
     def experience_ranks(self, world_size: int) -> int:
         """Ranks that run environments: all in sync, all but the server otherwise."""
@@ -166,10 +184,16 @@ class Config:
                 raise ConfigError(f"straggler rank {rank} does not exist; allowed ranks: "
                                   f"0..{world_size - 1}")
         _choice("activation", self.activation, ACTIVATIONS)
+        from .envs import check_env_args   # registers L2Run-v0, Delay-v0 (no OpenSim import)
+
         if self.env not in gymnasium.registry:
             close = [e for e in gymnasium.registry if self.env.split("-")[0].lower() in e.lower()]
             hint = f" (did you mean {', '.join(close[:5])}?)" if close else ""
             raise ConfigError(f"env={self.env!r} is not a registered gymnasium id{hint}")
+        try:
+            check_env_args(self.env, self.env_kwargs())
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         for name in ("total_steps", "num_envs", "rollout_steps", "log_every", "action_repeat",
                      "update_repeat", "log_flush_every"):
             _at_least(name, getattr(self, name), 1)
@@ -258,6 +282,10 @@ def _in_range(name, value, low, high, low_open=False):
 
 
 # -- command line -------------------------------------------------------------------------
+#: list fields given one item per flag (``--straggler 1:3 --straggler 2:2``), with metavar
+REPEATABLE = {"straggler": "RANK:FACTOR", "env_arg": "KEY=VALUE"}
+
+
 class _Parser(argparse.ArgumentParser):
     """Reports a bad flag as a ConfigError, so the caller prints it once, not once per rank."""
 
@@ -279,9 +307,9 @@ def build_parser(prog: str = "python -m mpirl.run") -> argparse.ArgumentParser:
         if isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=f.metadata["help"] + f" (default: {default})")
-        elif f.name == "straggler":
+        elif f.name in REPEATABLE:
             parser.add_argument(flag, dest=f.name, action="append", default=None,
-                                metavar="RANK:FACTOR", help=f.metadata["help"])
+                                metavar=REPEATABLE[f.name], help=f.metadata["help"])
         elif isinstance(default, list):
             parser.add_argument(flag, dest=f.name, type=int, nargs="+", default=None,
                                 metavar="N", help=f.metadata["help"] + f" (default: {default})")

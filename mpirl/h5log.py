@@ -17,10 +17,13 @@ Layout of a run directory (the schema, shared by the writer here and by ``analys
     attrs: ``rank``, ``hostname``, ``role`` (``worker`` or ``server``), ``start_unix_s``.
     ``updates``: one row per update this rank took part in (:data:`UPDATE_DTYPE`).
     ``episodes``: one row per finished episode (:data:`EPISODE_DTYPE`).
+    ``sim_steps``: one row per env step, for envs that time their simulator
+    (:data:`SIM_STEP_DTYPE`; empty otherwise).
 
 Times are seconds; ``t_s`` columns count from the rank's ``start_unix_s``.  Datasets
-are chunked and resizable; rows are buffered in memory and appended every
-``flush_every`` rows (and at the end), followed by ``File.flush()``.  The files are
+are chunked and resizable; rows are buffered in memory and every table is appended
+and flushed each ``flush_every`` updates (and at the end; a table whose buffer fills
+earlier is flushed then).  The files are
 opened in SWMR mode (single writer, multiple readers): a crash or SIGKILL loses at most
 the rows not yet flushed, the file stays readable, and analysis can read it while the
 run is still going.
@@ -81,6 +84,14 @@ EPISODE_DTYPE = np.dtype([
     ("length", "i8"),
 ])
 
+#: one row per environment step of an env that reports its simulation time
+#: (``info["sim_s"]``: L2Run-v0, Delay-v0), so stragglers' causes can be seen step by step
+SIM_STEP_DTYPE = np.dtype([
+    ("update", "i8"),          # the update whose rollout took the step
+    ("env", "i8"),             # which of the rank's envs
+    ("sim_s", "f8"),           # seconds inside the simulator (summed over action repeats)
+])
+
 
 def git_commit() -> str:
     """The checkout's commit, or '' when not in a git checkout."""
@@ -111,14 +122,26 @@ class _Table:
         self.count += 1
         return row
 
+    def extend(self, rows: np.ndarray) -> None:
+        """Append many rows at once."""
+        if self.count + len(rows) > len(self.rows):
+            self.flush()
+        if len(rows) > len(self.rows):
+            self._write(rows)
+        else:
+            self.rows[self.count:self.count + len(rows)] = rows
+            self.count += len(rows)
+
     def flush(self) -> None:
-        if not self.count:
-            return
+        if self.count:
+            self._write(self.rows[:self.count])
+            self.count = 0
+
+    def _write(self, rows: np.ndarray) -> None:
         n = self.dataset.shape[0]
-        self.dataset.resize((n + self.count,))
-        self.dataset[n:] = self.rows[:self.count]
+        self.dataset.resize((n + len(rows),))
+        self.dataset[n:] = rows
         self.dataset.flush()      # SWMR: makes the new rows visible to readers
-        self.count = 0
 
 
 class RankLog:
@@ -132,13 +155,18 @@ class RankLog:
                                start_unix_s=time.time(), schema=SCHEMA_VERSION)
         self.updates = _Table(self.file, "updates", UPDATE_DTYPE, flush_every)
         self.episodes = _Table(self.file, "episodes", EPISODE_DTYPE, flush_every)
+        self.sim_steps = _Table(self.file, "sim_steps", SIM_STEP_DTYPE, 64 * flush_every)
         self.file.swmr_mode = True
 
     def now(self) -> float:
         return time.perf_counter() - self.start
 
     def new_update(self, update: int, t_s: float, phases: dict) -> np.void:
-        """Append an update row with its phase times; the caller fills the other fields."""
+        """Append an update row with its phase times; the caller fills the other fields.
+
+        Every ``flush_every`` updates all tables are written out together."""
+        if self.updates.count == len(self.updates.rows):
+            self.flush()
         row = self.updates.append()
         row["update"] = update
         row["t_s"] = t_s
@@ -152,9 +180,20 @@ class RankLog:
         row = self.episodes.append()
         row["update"], row["t_s"], row["return"], row["length"] = update, self.now(), ret, length
 
+    def sim_times(self, update: int, times: np.ndarray) -> None:
+        """``times[step, env]``: seconds each env step spent in the simulator."""
+        if not times.size:
+            return
+        rows = np.empty(times.size, dtype=SIM_STEP_DTYPE)
+        rows["update"] = update
+        rows["env"] = np.tile(np.arange(times.shape[1]), times.shape[0])
+        rows["sim_s"] = times.reshape(-1)
+        self.sim_steps.extend(rows)
+
     def flush(self) -> None:
         self.updates.flush()
         self.episodes.flush()
+        self.sim_steps.flush()
         self.file.flush()
 
     def close(self) -> None:
@@ -210,7 +249,8 @@ def open_run(run_h5: Path) -> h5py.File:
 #: one row per (topology, message size) of a benchmark run; latencies are each rank's mean
 #: over the timed calls, reduced over ranks (the best of the rounds by average).
 BENCH_DTYPE = np.dtype([
-    ("topology", "S32"),       # registry name; "native:ALGO" for MPICH with a forced algorithm
+    ("op", "S16"),             # allreduce or bcast
+    ("topology", "S48"),       # registry name; "native:ALGO" for MPICH with a forced algorithm
     ("bytes", "i8"),           # message size
     ("iters", "i8"),           # timed calls per round
     ("min_s", "f8"),
@@ -223,7 +263,8 @@ BENCH_KIND = "mpirl.bench"
 def write_bench_file(path: Path, rows: np.ndarray, *, op: str, world_size: int,
                      hostnames: list[str], cores: list[int], mpi_library: str,
                      rounds: int) -> None:
-    """A benchmark's results: attrs ``kind`` (= ``mpirl.bench``), ``schema``, ``op``,
+    """A benchmark's results: attrs ``kind`` (= ``mpirl.bench``), ``schema``, ``op`` (the
+    ops measured, comma-separated),
     ``world_size``, ``mpi_library``, ``hostnames_json``, ``oversubscribed``, ``rounds``,
     ``git_commit``, ``unix_s``; dataset ``results`` of :data:`BENCH_DTYPE` rows."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)

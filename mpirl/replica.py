@@ -26,7 +26,8 @@ class Replica:
         self.rank = rank
         torch.manual_seed(cfg.seed)            # the same initial replica on every rank
         env_seed = cfg.seed + 10000 * rank
-        self.envs = make_envs(cfg.env, cfg.num_envs, env_seed, cfg.action_repeat)
+        self.envs = make_envs(cfg.env, cfg.num_envs, env_seed, cfg.action_repeat,
+                              cfg.env_kwargs())
         self.model = ActorCritic(self.envs.single_observation_space,
                                  self.envs.single_action_space,
                                  cfg.hidden, cfg.activation, cfg.layer_norm)

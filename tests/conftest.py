@@ -16,12 +16,14 @@ TINY = {"env": "CartPole-v1", "num_envs": 2, "rollout_steps": 8, "log_every": 5,
         "log_flush_every": 7}
 
 #: a sweep with every kind of run the analysis draws: sync at 1 and 2 ranks over two
-#: topologies, and async with a straggler at 3 ranks (staleness, measured waits)
+#: topologies, and async with a straggler at 3 ranks (staleness, measured waits) on
+#: Delay-v0 (simulator step times)
 TINY_SWEEP = {
     "name": "tiny",
     "config": {**TINY, "total_steps": 1600},
     "grid": [{"ranks": [1, 2], "topology": ["native", "butterfly"], "mode": ["sync"]},
-             {"ranks": [3], "topology": ["star"], "mode": ["async"], "straggler": [["1:2"]]}],
+             {"ranks": [3], "topology": ["star"], "mode": ["async"], "straggler": [["1:2"]],
+              "env": ["Delay-v0"], "env_arg": [["cost_s=0.001", "episode_steps=20"]]}],
     "timeout_s": 180,
 }
 

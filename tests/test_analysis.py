@@ -17,7 +17,7 @@ from conftest import ROOT
 from mpirl.h5log import PHASES
 
 SYNC_2R = "butterfly-sync-2r-s1"
-ASYNC = "star-async-3r-s1-straggler_1_2"
+ASYNC = "star-async-3r-s1-env_Delay_v0-env_arg_cost_s_0.001+episode_steps_20-straggler_1_2"
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_plot_command_writes_every_figure(tiny_sweep, bench_file, tmp_path):
                              str(bench_file), "-o", str(out)], cwd=ROOT, capture_output=True,
                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stdout + result.stderr
-    names = ["scaling", "breakdown", "staleness", "learning", "latency",
+    names = ["scaling", "breakdown", "staleness", "learning", "latency", "sim_steps",
              f"timeline-{SYNC_2R}", f"timeline-{ASYNC}"]
     for name in names:
         for fmt in ("png", "pdf"):
@@ -99,10 +99,15 @@ def test_plot_command_rejects_a_missing_path(tmp_path):
 
 def test_bench_file_loads_as_a_table(bench_file):
     bench = analysis.load_bench(bench_file.parent)
-    assert set(bench["topology"]) >= {"native", "star", "tree", "butterfly", "ring"}
+    assert set(bench["topology"]) >= {"native", "star", "tree", "butterfly", "ring",
+                                      "native:recursive_doubling", "native:binomial"}
+    assert set(bench["op"]) == {"allreduce", "bcast"}
     assert sorted(bench["bytes"].unique()) == [4, 1024, 65536]
-    assert (bench["min_s"] <= bench["avg_s"]).all() and (bench["avg_s"] <= bench["max_s"]).all()
-    assert (bench["ranks"] == 2).all() and (bench["op"] == "allreduce").all()
+    refused = bench[bench["avg_s"].isna()]          # MPICH refused a forced algorithm
+    assert refused["topology"].str.startswith("native:").all()
+    timed = bench.dropna()
+    assert (timed["min_s"] <= timed["avg_s"]).all() and (timed["avg_s"] <= timed["max_s"]).all()
+    assert (bench["ranks"] == 2).all()
 
 
 @pytest.mark.parametrize("notebook", ["scaling_curves", "run_timeline"])

@@ -76,3 +76,11 @@ def test_server_modes_need_a_worker_and_the_star():
     with pytest.raises(ConfigError, match="use --topology star"):
         Config(mode="quorum", topology="ring").validate(world_size=4)
     assert Config(mode="quorum", topology="star").quorum_size(world_size=6) == 3
+
+
+def test_env_args_are_typed_from_yaml_and_checked():
+    cfg = Config(env="Delay-v0", env_arg=["cost_s=0.5", "dist=pareto", "obs_dim=7"])
+    assert cfg.env_kwargs() == {"cost_s": 0.5, "dist": "pareto", "obs_dim": 7}
+    cfg.validate(world_size=2)
+    with pytest.raises(ConfigError, match="Delay-v0 has no argument 'colour'"):
+        Config(env="Delay-v0", env_arg=["colour=red"]).validate(world_size=2)

@@ -57,6 +57,10 @@ def test_sync_run_learns_cartpole(tmp_path):
     (["--mode", "quorum", "--topology", "star", "--quorum", "2"], "quorum=2; allowed with 2"),
     (["--straggler", "7:2"], "straggler rank 7 does not exist"),
     (["--straggler", "1x2"], "expected RANK:FACTOR"),
+    (["--env", "Delay-v0", "--env-arg", "cost_s=-1"], "cost_s=-1.0; allowed: seconds in [0, 60]"),
+    (["--env", "Delay-v0", "--env-arg", "speed"], "env_arg='speed'; expected KEY=VALUE"),
+    (["--env", "L2Run-v0", "--env-arg", "difficulty=5"], "difficulty=5; allowed: 0, 1 or 2"),
+    (["--env-arg", "difficulty=1"], "CartPole-v1 takes none"),
 ])
 def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
     result = run_mpi(2, ["-m", "mpirl.run", *args, "--run-dir", str(tmp_path)],

@@ -11,8 +11,9 @@ import yaml
 from conftest import TINY, TINY_SWEEP, run_sweep
 from mpirl import sweep
 
+ASYNC = "star-async-3r-s1-env_Delay_v0-env_arg_cost_s_0.001+episode_steps_20-straggler_1_2"
 EXPECTED = ["native-sync-1r-s1", "butterfly-sync-1r-s1", "native-sync-2r-s1",
-            "butterfly-sync-2r-s1", "star-async-3r-s1-straggler_1_2"]
+            "butterfly-sync-2r-s1", ASYNC]
 
 
 def write(tmp_path, data) -> str:
@@ -51,6 +52,7 @@ def test_grid_union_names_and_validation(tmp_path):
     assert [p.ranks for p in s.points] == [1, 1, 2, 2, 3]
     async_point = s.points[-1]
     assert async_point.config["straggler"] == ["1:2"] and async_point.config["mode"] == "async"
+    assert async_point.config["env"] == "Delay-v0"
     assert all(p.config["total_steps"] == 1600 for p in s.points)
 
 
@@ -61,7 +63,7 @@ def test_local_sweep_runs_every_point_once_and_resumes(tiny_sweep, tmp_path):
         assert (tiny_sweep / name / "run.h5").is_file()
     assert json.loads((tiny_sweep / "sweep.json").read_text())["points"] == {
         "native-sync-1r-s1": 1, "butterfly-sync-1r-s1": 1, "native-sync-2r-s1": 2,
-        "butterfly-sync-2r-s1": 2, "star-async-3r-s1-straggler_1_2": 3}
+        "butterfly-sync-2r-s1": 2, ASYNC: 3}
 
     # a copy, so the session's tiny sweep stays intact for the analysis tests
     copy = tmp_path / "tiny"

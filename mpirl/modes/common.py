@@ -36,6 +36,7 @@ class Summary:
     phase_s: dict = field(default_factory=dict)   # rank 0's (or worker 1's) seconds per phase
     reached_target: bool = False            # stopped early by target_return
     param_digest: str = ""                  # SHA-256 of the final parameters (rank 0's)
+    gradient_bytes: int = 0                 # size of the flat gradient each exchange moves
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -148,6 +149,9 @@ class RunLogger:
     def episodes(self, update: int, finished: list[tuple[float, int]]) -> None:
         for ret, length in finished:
             self.log.episode(update, ret, length)
+
+    def sim_times(self, update: int, times) -> None:
+        self.log.sim_times(update, times)
 
     def close(self, totals: dict | None = None) -> None:
         self.log.close()

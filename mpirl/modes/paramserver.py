@@ -59,7 +59,8 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, quorum: int | None) -> Summ
     rank = comm.Get_rank()
     ps = ParameterServer(comm, root=0, meta_len=len(META))
     replica = Replica(cfg, rank, with_envs=not ps.is_server)
-    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=comm.Get_size())
+    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=comm.Get_size(),
+                      gradient_bytes=replica.flat.grad_np.nbytes)
     logger = RunLogger(cfg, comm, run_dir, role="server" if ps.is_server else "worker")
     episodes = None
     if ps.is_server:
@@ -104,6 +105,7 @@ def _work(cfg: Config, ps: ParameterServer, replica: Replica, episodes: Episodes
         finished = replica.roller.drain_episodes()
         episodes.add(finished)
         logger.episodes(pushes, finished)
+        logger.sim_times(pushes + 1, replica.roller.drain_sim_times())
         for repeat in range(cfg.update_repeat):
             replica.gradient(batch, timer)
             this_push = timer.take()

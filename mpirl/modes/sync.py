@@ -59,6 +59,7 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     for batch_index in range(1, batches + 1):
         batch = replica.collect(timer)
         finished = replica.roller.drain_episodes()
+        logger.sim_times(update + 1, replica.roller.drain_sim_times())
         for repeat in range(cfg.update_repeat):
             replica.gradient(batch, timer)
             sent, received = topo.stats.bytes_sent, topo.stats.bytes_recv
@@ -97,6 +98,6 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
                       gradients_applied=update * size, gradients_dropped=0,
                       final_mean_return=final_mean_return(comm, episodes), comm_share=share,
                       phase_s=phases, reached_target=solved,
-                      param_digest=replica.param_digest())
+                      param_digest=replica.param_digest(), gradient_bytes=grad.nbytes)
     logger.close(summary.totals())
     return summary
