@@ -1,22 +1,45 @@
-"""``python -m mpirl.bench`` as a user runs it: a table with every topology's ratio to native."""
+"""``python -m mpirl.bench`` as a user runs it, and MPICH's forced algorithms beside it."""
+
+import h5py
+import numpy as np
 
 import topologies
-from mpirun import run_mpi
+from mpirun import ROOT, run_mpi
 
 
-def test_bench_prints_a_row_per_size_and_a_ratio_per_topology():
+def test_bench_prints_osu_blocks_and_ratios_and_writes_hdf5(tmp_path):
+    out = tmp_path / "b.h5"
     result = run_mpi(3, ["-m", "mpirl.bench", "--sizes", "4", "64K", "--rounds", "1",
-                         "--iters", "20"], timeout_s=120)
-    lines = result.output.splitlines()
-    header = next(line for line in lines if line.split()[:1] == ["size"])
-    assert header.split()[1:] == topologies.names()
-    rows = [line for line in lines if line.strip().startswith(("4 B", "64 KiB"))]
-    assert len(rows) == 2
-    for row in rows:
-        assert row.count("x") == len(topologies.names()) and "x 1.00" in row
+                         "--iters", "20", "--out", str(out)], timeout_s=180)
+    text = result.output
+    for op, forced in (("allreduce", ["recursive_doubling", "ring", "tree",
+                                      "reduce_scatter_allgather"]),
+                       ("bcast", ["binomial", "scatter_ring_allgather"])):
+        for label in [*topologies.names(), *(f"native:{a}" for a in forced)]:
+            assert f"# mpirl.bench {op}: {label}, 3 ranks" in text, (op, label)
+        summary = text.split(f"# {op} summary")[1].split("\n\n")[0].splitlines()
+        rows = [line for line in summary if line.strip().startswith(("4 B", "64 KiB"))]
+        assert len(rows) == 2 and all("x 1.00" in row for row in rows)
+        assert all(row.count("=") >= (3 if op == "allreduce" else 2) for row in rows)
+    assert "# Size" in text and "Avg Latency(us)" in text
+    with h5py.File(out) as f:
+        rows = f["results"][...]
+        assert set(rows["op"]) == {b"allreduce", b"bcast"} and f.attrs["world_size"] == 3
+        assert len(rows) == 2 * 2 * (len(topologies.names())) + 2 * (4 + 2)
+        home = rows[np.char.find(rows["topology"], b":") < 0]
+        assert np.all(home["avg_s"] > 0)
 
 
-def test_bench_rejects_an_unknown_topology():
+def test_mpich_algorithms_are_forced_for_real():
+    result = run_mpi(4, [str(ROOT / "tests" / "mpi" / "check_mpich.py")], timeout_s=120,
+                     env={"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"})
+    assert "mpich forced algorithms: ok" in result.output
+
+
+def test_bench_rejects_an_unknown_topology_or_algorithm():
     result = run_mpi(2, ["-m", "mpirl.bench", "--topologies", "hypercube"], timeout_s=60,
                      check=False)
     assert result.returncode == 2 and "valid names" in result.output
+    result = run_mpi(2, ["-m", "mpirl.bench", "--op", "bcast", "--mpich", "ring"],
+                     timeout_s=60, check=False)
+    assert result.returncode == 2 and "MPICH has no bcast algorithm ring" in result.output

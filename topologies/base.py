@@ -102,6 +102,7 @@ class Topology(abc.ABC):
         self.root = self._check_root(root)
         self.stats = CommStats()
         self._scratch_by_dtype: dict[np.dtype, np.ndarray] = {}
+        self._status = MPI.Status()        # reused by every receive: no allocation per call
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size}, root={self.root})"
@@ -156,7 +157,7 @@ class Topology(abc.ABC):
         self._count_sent(buf)
 
     def _recv(self, buf: np.ndarray, source: int, tag: int) -> None:
-        status = MPI.Status()
+        status = self._status
         try:
             self.comm.Recv(_msg(buf), source=source, tag=tag, status=status)
         except MPI.Exception as err:
@@ -165,7 +166,7 @@ class Topology(abc.ABC):
 
     def _sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
                   tag: int) -> None:
-        status = MPI.Status()
+        status = self._status
         try:
             self.comm.Sendrecv(_msg(sendbuf), dest, tag, _msg(recvbuf), source, tag,
                                status=status)

@@ -51,24 +51,35 @@ class Ring(Topology):
         if not isinstance(segment_bytes, int) or segment_bytes < 8:
             raise ValueError(f"segment_bytes={segment_bytes!r}; allowed: an int >= 8")
         self.segment_bytes = segment_bytes
+        self._plans: dict[int, tuple[list, list]] = {}
+
+    def _plan(self, count: int) -> tuple[list, list]:
+        """Per step, the (start, end) of the chunk sent and of the chunk received, for
+        the reduce-scatter and the allgather; computed once per buffer length."""
+        plan = self._plans.get(count)
+        if plan is None:
+            rank, size = self.rank, self.size
+            bounds = chunk_bounds(count, size)
+
+            def span(i: int) -> tuple[int, int]:
+                i %= size
+                return bounds[i], bounds[i + 1]
+
+            plan = ([(span(rank - s), span(rank - s - 1)) for s in range(size - 1)],
+                    [(span(rank + 1 - s), span(rank - s)) for s in range(size - 1)])
+            self._plans = {count: plan}          # the last length only: buffers repeat
+        return plan
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
-        rank, size = self.rank, self.size
-        right, left = (rank + 1) % size, (rank - 1) % size
-        bounds = chunk_bounds(buf.size, size)
-
-        def chunk(i: int) -> np.ndarray:
-            i %= size
-            return buf[bounds[i]:bounds[i + 1]]
-
-        for step in range(size - 1):
-            target = chunk(rank - step - 1)
-            incoming = self._scratch(target.size, buf.dtype)
-            self._sendrecv(chunk(rank - step), right, incoming, left, _TAG_REDUCE_SCATTER)
+        right, left = (self.rank + 1) % self.size, (self.rank - 1) % self.size
+        reduce_scatter, allgather = self._plan(buf.size)
+        for (s0, s1), (r0, r1) in reduce_scatter:
+            target = buf[r0:r1]
+            incoming = self._scratch(r1 - r0, buf.dtype)
+            self._sendrecv(buf[s0:s1], right, incoming, left, _TAG_REDUCE_SCATTER)
             np.add(target, incoming, out=target)
-        for step in range(size - 1):
-            self._sendrecv(chunk(rank + 1 - step), right, chunk(rank - step), left,
-                           _TAG_ALLGATHER)
+        for (s0, s1), (r0, r1) in allgather:
+            self._sendrecv(buf[s0:s1], right, buf[r0:r1], left, _TAG_ALLGATHER)
 
     def _bcast(self, buf: np.ndarray, root: int) -> None:
         size = self.size

@@ -1,0 +1,80 @@
+"""The alpha-beta-gamma model: formulas, the fit, crossovers, and the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from mpirl.costmodel import Params, coefficients, crossover, fit, predict
+
+
+def test_formulas_count_messages_bytes_and_reductions():
+    n = 1000.0
+    assert coefficients("allreduce", "butterfly", 4, n)[:3] == (2, 2 * n, 2 * n)
+    # 5 ranks fold into 4: two extra steps (send in, send out), one extra reduction
+    assert coefficients("allreduce", "butterfly", 5, n)[:3] == (4, 4 * n, 3 * n)
+    assert coefficients("allreduce", "ring", 4, n)[:3] == (6, 1.5 * n, 0.75 * n)
+    assert coefficients("allreduce", "star", 4, n)[:3] == (6, 6 * n, 3 * n)
+    assert coefficients("allreduce", "tree", 5, n)[:3] == (6, 6 * n, 3 * n)
+    assert coefficients("bcast", "tree", 8, n)[:3] == (3, 3 * n, 0.0)
+    assert coefficients("allreduce", "native:ring", 4, n)[3] is False
+    assert coefficients("allreduce", "ring", 4, n)[3] is True        # Python: delta applies
+
+
+def synthetic(params: Params) -> pd.DataFrame:
+    rows = []
+    for ranks in (2, 3, 4, 8):
+        for nbytes in (4, 1024, 8192, 65536, 1 << 20, 16 << 20):
+            for op, names in (("allreduce", ["star", "tree", "butterfly", "ring",
+                                             "native:recursive_doubling", "native:ring"]),
+                              ("bcast", ["tree", "star", "native:binomial"])):
+                for name in names:
+                    rows.append({"op": op, "topology": name, "ranks": ranks, "bytes": nbytes,
+                                 "avg_s": predict(params, op, name, ranks, nbytes)})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("truth", [
+    Params(alpha=5e-6, beta=2e-10, gamma=3e-10, delta=2e-6),
+    Params(alpha=5e-6, beta=2e-10, gamma=3e-10, delta=2e-6, rendezvous=4e-6,
+           eager_bytes=16384.0),
+])
+def test_fit_recovers_the_parameters_that_made_the_data(truth):
+    got, used = fit(synthetic(truth))
+    assert used.all()
+    for key, value in truth.as_dict().items():
+        assert getattr(got, key) == pytest.approx(value, rel=1e-6), key
+
+
+def test_fit_never_returns_negative_parameters():
+    table = synthetic(Params(alpha=5e-6, beta=2e-10, gamma=0.0, delta=0.0))
+    table["avg_s"] *= np.random.default_rng(0).uniform(0.7, 1.3, len(table))   # noise
+    got, _ = fit(table)
+    assert min(got.as_dict().values()) >= 0.0
+
+
+def test_crossover_is_where_the_costs_meet():
+    params = Params(alpha=5e-6, beta=2e-10, gamma=3e-10, delta=2e-6)
+    n = crossover(params, "allreduce", "butterfly", "ring", 8)
+    assert n and predict(params, "allreduce", "butterfly", 8, n) == pytest.approx(
+        predict(params, "allreduce", "ring", 8, n), rel=1e-9)
+    assert predict(params, "allreduce", "ring", 8, 2 * n) < \
+        predict(params, "allreduce", "butterfly", 8, 2 * n)
+
+
+def test_costmodel_command_fits_a_real_benchmark(bench_file, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "mpirl.costmodel", str(bench_file), "-o",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "alpha" in out.stdout and "crossovers" in out.stdout
+    params = json.loads((tmp_path / "params.json").read_text())
+    assert set(params) == {"alpha", "beta", "gamma", "delta", "rendezvous", "eager_bytes"}
+    assert all(v >= 0 for v in params.values()) and params["alpha"] + params["delta"] > 0
+    errors = pd.read_csv(tmp_path / "errors.csv")
+    assert errors["rel_error"].abs().median() < 1.0     # within 2x on the median row
