@@ -191,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="timed iterations for small messages (fewer for large)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="repeat the whole sweep; the best round per cell is kept")
-    parser.add_argument("--out", metavar="FILE.h5",
-                        help="also write the results to this HDF5 file (read by analysis.plot)")
+    parser.add_argument("--out", metavar="FILE.h5", default="",
+                        help="HDF5 file for the results (read by analysis.plot and "
+                             "mpirl.costmodel); default runs/bench/bench-<N>r-<time>.h5")
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     args = parser.parse_args(argv)
@@ -230,15 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         for op, best in results.items():
             labels = [*instances, *(f"native:{a}" for a in mpich[op])]
             print_osu(op, best, labels, args, comm)
-        if args.out:
+        out = args.out or \
+            f"runs/bench/bench-{comm.Get_size()}r-{time.strftime('%Y%m%d-%H%M%S')}.h5"
+        if out:
             rows = np.array([(op.encode(), label.encode(), nbytes,
                               iterations_for(nbytes, args.iters), *stats)
                              for op, best in results.items()
                              for (label, nbytes), stats in best.items()], dtype=BENCH_DTYPE)
-            write_bench_file(args.out, rows, op=",".join(args.op), world_size=comm.Get_size(),
+            write_bench_file(out, rows, op=",".join(args.op), world_size=comm.Get_size(),
                              hostnames=hosts, cores=cores, rounds=args.rounds,
                              mpi_library=MPI.Get_library_version().splitlines()[0].strip())
-            print(f"# results: {args.out}")
+            print(f"# results: {out}")
     return 0
 
 

@@ -36,6 +36,15 @@ def test_mpich_algorithms_are_forced_for_real():
     assert "mpich forced algorithms: ok" in result.output
 
 
+def test_bench_writes_hdf5_by_default(tmp_path):
+    result = run_mpi(2, ["-m", "mpirl.bench", "--sizes", "1K", "--rounds", "1", "--iters", "5",
+                         "--op", "bcast", "--mpich"], timeout_s=120, cwd=tmp_path)
+    files = list((tmp_path / "runs" / "bench").glob("bench-2r-*.h5"))
+    assert len(files) == 1 and f"# results: runs/bench/{files[0].name}" in result.output
+    with h5py.File(files[0]) as f:
+        assert set(f["results"]["op"]) == {b"bcast"}
+
+
 def test_bench_rejects_an_unknown_topology_or_algorithm():
     result = run_mpi(2, ["-m", "mpirl.bench", "--topologies", "hypercube"], timeout_s=60,
                      check=False)
