@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from .faults import NAN_POLICIES, FaultSpecError, parse_faults
+
 MODES = ("sync", "async", "quorum")
 LATE_POLICIES = ("drop", "apply")
 ACTIVATIONS = ("tanh", "relu", "elu")
@@ -105,6 +107,17 @@ class Config:
     wait_timeout_s: float = _doc(
         "deadline for any single wait on another rank (async/quorum server and workers); "
         "a rank silent for longer stops the run with an error", default=300.0)
+    watchdog_s: float = _doc(
+        "end the whole job when a rank completes no update for this many seconds (a rank "
+        "died, hangs or stalls; blocking collectives have no deadline of their own); "
+        "0 disables", default=600.0)
+    nan_policy: str = _doc(
+        "a NaN/Inf in a gradient: 'stop' the job naming rank and update, or 'skip' that "
+        "update on every rank (counted in summary.json)", default="stop")
+    fail: list = _doc(
+        "inject a failure, as RANK@UPDATE[:KIND] (repeatable), KIND one of exit (the "
+        "process dies), raise, nan (the gradient becomes NaN), hang; for tests and drills",
+        default_factory=list)
 
     # -- derived ---------------------------------------------------------------------------
     def slowdown_of(self, rank: int) -> float:
@@ -184,6 +197,15 @@ class Config:
                 raise ConfigError(f"straggler rank {rank} does not exist; allowed ranks: "
                                   f"0..{world_size - 1}")
         _choice("activation", self.activation, ACTIVATIONS)
+        _choice("nan_policy", self.nan_policy, NAN_POLICIES)
+        _at_least("watchdog_s", self.watchdog_s, 0.0)
+        try:
+            planned = parse_faults(self.fail, world_size)
+        except FaultSpecError as err:
+            raise ConfigError(str(err)) from None
+        if self.mode != "sync" and planned.get(0, (0, ""))[1] == "nan":
+            raise ConfigError("fail=0@...:nan: rank 0 is the parameter server and computes no "
+                              "gradient; inject nan on a worker (rank >= 1)")
         from .envs import check_env_args   # registers L2Run-v0, Delay-v0 (no OpenSim import)
 
         if self.env not in gymnasium.registry:
@@ -283,7 +305,8 @@ def _in_range(name, value, low, high, low_open=False):
 
 # -- command line -------------------------------------------------------------------------
 #: list fields given one item per flag (``--straggler 1:3 --straggler 2:2``), with metavar
-REPEATABLE = {"straggler": "RANK:FACTOR", "env_arg": "KEY=VALUE"}
+REPEATABLE = {"straggler": "RANK:FACTOR", "env_arg": "KEY=VALUE",
+              "fail": "RANK@UPDATE[:KIND]"}
 
 
 class _Parser(argparse.ArgumentParser):

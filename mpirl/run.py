@@ -20,6 +20,32 @@ apply_mpi_defaults()            # MPICH reads its settings when MPI starts: befo
 from mpi4py import MPI  # noqa: E402
 
 
+def agree_on_config(comm, cfg, error: str | None) -> str | None:
+    """The error every rank reports (collective): the lowest rank's own error, or the
+    fields in which some rank's configuration differs from rank 0's."""
+    mine = (error, None if cfg is None else config_digest(cfg), None)
+    states = comm.allgather(mine)
+    for r, (err, _, _) in enumerate(states):
+        if err:
+            return err if r == 0 else f"rank {r}: {err}"
+    if len({digest for _, digest, _ in states}) == 1:
+        return None
+    configs = comm.allgather(cfg.to_dict())
+    odd = [r for r, c in enumerate(configs) if c != configs[0]]
+    fields = sorted({k for r in odd for k in configs[0] if configs[r].get(k) != configs[0][k]})
+    first = odd[0]
+    detail = ", ".join(f"{k}={configs[first][k]!r} vs {configs[0][k]!r}" for k in fields[:4])
+    return (f"ranks {odd} were launched with a configuration different from rank 0's "
+            f"(rank {first}: {detail}); every rank must run the same configuration")
+
+
+def config_digest(cfg) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     comm = MPI.COMM_WORLD
@@ -28,16 +54,28 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             build_parser().print_help()
         return 0
+    cfg, error = None, None
     try:
         cfg = parse_args(argv).validate(comm.Get_size())
-    except ConfigError as err:   # every rank sees the same error; one prints it
+    except ConfigError as err:
+        error = str(err)
+    # All ranks agree before anything starts: a rank whose flags were bad, or which was
+    # launched with a different configuration (MPMD launches, per-node config files),
+    # stops everyone, with one line from rank 0.
+    error = agree_on_config(comm, cfg, error)
+    if error:
         if rank == 0:
-            print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)
+            print(f"mpirl.run: error: {error}", file=sys.stderr, flush=True)
         return 2
+    from .modes.common import StartupMismatch
     from .modes.sync import ReplicaDivergence   # heavy imports (torch) only from here on
     from .train import train
     try:
         train(cfg, comm)
+    except StartupMismatch as err:          # seen by every rank alike
+        if rank == 0:
+            print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)
+        return 2
     except ReplicaDivergence as err:        # seen by every rank alike: a clean exit
         if rank == 0:
             print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)

@@ -37,6 +37,7 @@ class Summary:
     reached_target: bool = False            # stopped early by target_return
     param_digest: str = ""                  # SHA-256 of the final parameters (rank 0's)
     gradient_bytes: int = 0                 # size of the flat gradient each exchange moves
+    updates_skipped: int = 0                # non-finite gradients skipped (--nan-policy skip)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -157,6 +158,20 @@ class RunLogger:
         self.log.close()
         if self.rank == 0 and totals is not None:
             finish_run_file(self.run_dir, totals)
+
+
+class StartupMismatch(RuntimeError):
+    """Ranks disagree on something that must be equal before training starts."""
+
+
+def check_same_model(comm: MPI.Comm, replica) -> None:
+    """Every rank built a model of the same size (collective; same answer everywhere)."""
+    counts = comm.allgather(int(replica.flat.param_np.size))
+    if len(set(counts)) > 1:
+        odd = [r for r, c in enumerate(counts) if c != counts[0]]
+        raise StartupMismatch(f"ranks {odd} built a model with a different parameter count "
+                              f"than rank 0 ({[counts[r] for r in odd]} vs {counts[0]}): "
+                              "every rank must run the same env spaces and network")
 
 
 def local_rank_count(comm: MPI.Comm) -> int:

@@ -35,7 +35,9 @@ from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
-from .common import Episodes, RunLogger, Summary, final_mean_return, reached_target
+from ..faults import FaultInjector, Watchdog, check_gradient
+from .common import (Episodes, RunLogger, Summary, check_same_model, final_mean_return,
+                     reached_target)
 
 #: the numbers a worker sends with every push (float64).
 META = ("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
@@ -59,6 +61,7 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, quorum: int | None) -> Summ
     rank = comm.Get_rank()
     ps = ParameterServer(comm, root=0, meta_len=len(META))
     replica = Replica(cfg, rank, with_envs=not ps.is_server)
+    check_same_model(comm, replica)
     summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=comm.Get_size(),
                       gradient_bytes=replica.flat.grad_np.nbytes)
     logger = RunLogger(cfg, comm, run_dir, role="server" if ps.is_server else "worker")
@@ -71,12 +74,14 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, quorum: int | None) -> Summ
         np.save(run_dir / "staleness.npy", np.asarray(server.staleness, dtype=np.int64))
     else:
         episodes = Episodes()
-        pushes, phases = _work(cfg, ps, replica, episodes, logger)
+        pushes, phases, skipped = _work(cfg, ps, replica, episodes, logger)
         summary.gradients_sent = pushes
+        summary.updates_skipped = skipped
         if rank == 1:
             summary.phase_s = phases
     # Collective bookkeeping after the exchange has ended: no traffic during it.
     sent = comm.allreduce(summary.gradients_sent if not ps.is_server else 0)
+    summary.updates_skipped = comm.allreduce(summary.updates_skipped)
     summary.final_mean_return = final_mean_return(comm, episodes)
     summary.phase_s = comm.bcast(summary.phase_s, root=1)
     if ps.is_server:
@@ -90,29 +95,37 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, quorum: int | None) -> Summ
 
 
 def _work(cfg: Config, ps: ParameterServer, replica: Replica, episodes: Episodes,
-          logger: RunLogger) -> tuple[int, dict]:
-    """A worker's loop; returns how many gradients it pushed and its seconds per phase."""
+          logger: RunLogger) -> tuple[int, dict, int]:
+    """A worker's loop; returns how many gradients it pushed, its seconds per phase and
+    how many non-finite gradients it skipped (``--nan-policy skip``)."""
+    rank = ps.rank
     param, grad = replica.flat.param_np, replica.flat.grad_np
     meta = np.zeros(len(META))
     timer, phases = PhaseTimer(), {}
-    pushes = 0
+    pushes = skipped = 0
+    owed = np.zeros(3)          # env steps, episodes, return sum not yet reported
+    faults = FaultInjector(cfg.fail, rank)
+    watchdog = Watchdog(ps.comm, cfg.watchdog_s, rank)
     with timer("exchange_s"):
         alive = ps.pull(param, timeout_s=cfg.wait_timeout_s)      # the initial parameters
     _merge(phases, timer.take())
     logger.mark_update_start()
     while alive:
+        watchdog.at(f"computing push {pushes + 1}")
         batch = replica.collect(timer)
         finished = replica.roller.drain_episodes()
         episodes.add(finished)
         logger.episodes(pushes, finished)
         logger.sim_times(pushes + 1, replica.roller.drain_sim_times())
-        for repeat in range(cfg.update_repeat):
+        owed += (replica.steps_per_batch, len(finished), sum(r for r, _ in finished))
+        for _repeat in range(cfg.update_repeat):
             replica.gradient(batch, timer)
+            faults.before_exchange(pushes + skipped + 1, grad)
+            if not check_gradient(grad, cfg.nan_policy, rank, pushes + skipped + 1):
+                skipped += 1          # not pushed; its env steps travel with the next push
+                continue
             this_push = timer.take()
-            first = repeat == 0     # env steps and episodes travel with the batch's first push
-            meta[_STEPS] = replica.steps_per_batch if first else 0
-            meta[_EPISODES] = len(finished) if first else 0
-            meta[_RETURNS] = sum(r for r, _ in finished) if first else 0.0
+            meta[_STEPS], meta[_EPISODES], meta[_RETURNS] = owed
             meta[_PUSHES] = pushes + 1
             meta[_EXCHANGE] = phases.get("exchange_s", 0.0)
             meta[_BUSY] = sum(phases.values()) + sum(this_push.values())
@@ -120,18 +133,22 @@ def _work(cfg: Config, ps: ParameterServer, replica: Replica, episodes: Episodes
             meta[_RECENT] = np.nan if recent is None else recent
             sent, received, waited = ps.stats.bytes_sent, ps.stats.bytes_recv, ps.stats.wait_s
             logger.mark_exchange_start()
+            watchdog.at(f"waiting for the server's reply to push {pushes + 1}")
             with timer("exchange_s"):
                 ps.push(grad, meta)
                 pushes += 1
                 alive = ps.pull(param, timeout_s=cfg.wait_timeout_s)
+            owed[:] = 0.0
             _merge(this_push, timer.take())
             _merge(phases, this_push)
             logger.record(pushes, this_push, bytes_sent=ps.stats.bytes_sent - sent,
                           bytes_recv=ps.stats.bytes_recv - received,
                           wait_s=ps.stats.wait_s - waited, env_steps=int(meta[_STEPS]))
+            watchdog.beat(pushes, "between pushes")
             if not alive:
                 break
-    return pushes, phases
+    watchdog.stop()
+    return pushes, phases, skipped
 
 
 def _merge(into: dict, phases: dict) -> dict:
@@ -172,8 +189,11 @@ class _Server:
         for worker in self.ps.workers:
             self._answer(worker)
         timer = PhaseTimer()
+        faults = FaultInjector(self.cfg.fail, self.ps.rank)
+        watchdog = Watchdog(self.ps.comm, self.cfg.watchdog_s, self.ps.rank)
         self.logger.mark_update_start()
         while self.active:
+            faults.before_exchange(self.version + 1, param)   # exit / raise / hang only
             stats = self.ps.stats
             sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
             applied, version_at_receipt = self.applied, self.version
@@ -198,6 +218,8 @@ class _Server:
                                env_steps=int(meta[_STEPS]), param_version=computed_on,
                                staleness=version_at_receipt - computed_on,
                                dropped=int(self.applied == applied))
+            watchdog.beat(self.version, "waiting for pushes")
+        watchdog.stop()
         self.ps.close(timeout_s=self.cfg.wait_timeout_s)
         self._report()
         self.progress.close()

@@ -23,8 +23,9 @@ from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
-from .common import (Episodes, RunLogger, Summary, comm_share, final_mean_return,
-                     reached_target, sum_over_ranks)
+from ..faults import FaultInjector, Watchdog, check_gradient, finite
+from .common import (Episodes, RunLogger, Summary, check_same_model, comm_share,
+                     final_mean_return, reached_target, sum_over_ranks)
 
 
 class ReplicaDivergence(RuntimeError):
@@ -44,6 +45,7 @@ def check_replicas(replica: Replica, comm: MPI.Comm, update: int) -> None:
 def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank, size = comm.Get_rank(), comm.Get_size()
     replica = Replica(cfg, rank)
+    check_same_model(comm, replica)
     topo = topologies.get(cfg.topology)(comm)
     topo.bcast(replica.flat.param_np, root=0)     # identical start, whatever torch did
     grad = replica.flat.grad_np
@@ -53,20 +55,30 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     timer, phases = PhaseTimer(), {}
     episodes = Episodes()
     progress = Progress(run_dir, enabled=rank == 0)
-    update = 0
+    update = skipped = 0
     solved = False
+    faults = FaultInjector(cfg.fail, rank)
+    watchdog = Watchdog(comm, cfg.watchdog_s, rank)
     logger.mark_update_start()
     for batch_index in range(1, batches + 1):
+        watchdog.at(f"computing update {update + 1}")
         batch = replica.collect(timer)
         finished = replica.roller.drain_episodes()
         logger.sim_times(update + 1, replica.roller.drain_sim_times())
         for repeat in range(cfg.update_repeat):
+            watchdog.at(f"computing update {update + 1}")
             replica.gradient(batch, timer)
+            faults.before_exchange(update + 1, grad)
+            check_gradient(grad, cfg.nan_policy, rank, update + 1)   # raises for 'stop'
             sent, received = topo.stats.bytes_sent, topo.stats.bytes_recv
             logger.mark_exchange_start()
+            watchdog.at(f"in the exchange of update {update + 1}, waiting for other ranks")
             with timer("exchange_s"):
                 topo.allreduce(grad, average=True)
-            replica.apply(timer)
+            if finite(grad):     # a NaN anywhere reached every rank: all skip together
+                replica.apply(timer)
+            else:
+                skipped += 1
             update_phases = timer.take()
             for phase, seconds in update_phases.items():
                 phases[phase] = phases.get(phase, 0.0) + seconds
@@ -76,6 +88,7 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
                           env_steps=replica.steps_per_batch if repeat == 0 else 0,
                           param_version=update, staleness=0)
             update += 1
+            watchdog.beat(update, "between updates")
             if cfg.checksum_every and update % cfg.checksum_every == 0:
                 check_replicas(replica, comm, update)
         episodes.add(finished)
@@ -88,6 +101,7 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
             if reached_target(cfg.target_return, means, size):   # same answer on every rank
                 batches, solved = batch_index, True
                 break
+    watchdog.stop()
     if cfg.checksum_every:
         check_replicas(replica, comm, update)
     progress.close()
@@ -98,6 +112,7 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
                       gradients_applied=update * size, gradients_dropped=0,
                       final_mean_return=final_mean_return(comm, episodes), comm_share=share,
                       phase_s=phases, reached_target=solved,
-                      param_digest=replica.param_digest(), gradient_bytes=grad.nbytes)
+                      param_digest=replica.param_digest(), gradient_bytes=grad.nbytes,
+                      updates_skipped=skipped)
     logger.close(summary.totals())
     return summary

@@ -1,0 +1,80 @@
+"""Failures end the job fast and say where; NaNs stop or are skipped everywhere alike;
+ranks launched with different configurations are refused at start."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from mpirl.faults import FaultSpecError, parse_faults
+from mpirun import ROOT, run_mpi
+
+SMALL = ["--total-steps", "4000", "--num-envs", "2", "--rollout-steps", "8"]
+
+
+def run(tmp_path, nranks, *args, check=False, timeout_s=120):
+    started = time.monotonic()
+    result = run_mpi(nranks, ["-m", "mpirl.run", *SMALL, "--run-dir", str(tmp_path),
+                              "--run-name", "r", *args], timeout_s=timeout_s, check=check)
+    return result, time.monotonic() - started
+
+
+def test_fault_specs_are_checked():
+    assert parse_faults(["2@5", "1@3:nan"]) == {2: (5, "exit"), 1: (3, "nan")}
+    for bad, message in (("2-5", "expected RANK@UPDATE"), ("1@0", "UPDATE >= 1"),
+                         ("1@2:melt", "kind 'melt'"), ("4@1", "rank 4 does not exist")):
+        with pytest.raises(FaultSpecError, match=message):
+            parse_faults([bad], world_size=3)
+
+
+@pytest.mark.parametrize("kind, code, says", [
+    ("exit", 9, "injected failure (exit) on rank 1 at update 3"),
+    ("raise", 1, "error on rank 1: InjectedFault: injected failure on rank 1 at update 3"),
+    ("nan", 1, "rank 1: non-finite loss or gradient at update 3 (--nan-policy stop"),
+])
+def test_a_failing_rank_ends_the_whole_job_naming_rank_and_update(tmp_path, kind, code, says):
+    result, _ = run(tmp_path, 3, "--fail", f"1@3:{kind}")
+    assert result.returncode == code and says in result.output, result.tail()
+    assert "done:" not in result.output
+
+
+def test_a_hanging_rank_is_caught_by_the_watchdog(tmp_path):
+    result, took = run(tmp_path, 3, "--fail", "1@3:hang", "--watchdog-s", "3")
+    assert result.returncode == 4, result.tail()
+    assert "rank 1 made no progress" in result.output and "computing update 3" in result.output
+    assert "in the exchange of update 3, waiting for other ranks" in result.output
+    assert took < 60
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_nan_skip_drops_that_update_everywhere_and_goes_on(tmp_path, mode):
+    extra = ["--topology", "star", "--mode", "async"] if mode == "async" else []
+    result, _ = run(tmp_path, 3, "--fail", "2@4:nan", "--nan-policy", "skip",
+                    "--checksum-every", "2", *extra, check=True)
+    assert "rank 2: non-finite loss or gradient at update 4; skipped" in result.output
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    # sync: the NaN reached every rank, all skipped that step together (the checksum every
+    # 2 updates proves the replicas stayed identical); async: the worker did not push it
+    assert summary["updates_skipped"] == 1
+    assert summary["gradients_sent"] == summary["gradients_applied"] + \
+        summary["gradients_dropped"]
+
+
+def test_ranks_launched_with_different_configurations_are_refused(tmp_path):
+    import subprocess
+    import sys
+
+    from mpirl.launch import mpi_env, mpiexec_path
+
+    cmd = [mpiexec_path(), "-n", "1", sys.executable, "-m", "mpirl.run", *SMALL, "--seed", "1",
+           "--run-dir", str(tmp_path), ":", "-n", "1", sys.executable, "-m", "mpirl.run",
+           *SMALL, "--seed", "2", "--run-dir", str(tmp_path)]
+    out = subprocess.run(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.count("mpirl.run: error:") == 1
+    assert "ranks [1] were launched with a configuration different from rank 0's " \
+           "(rank 1: seed=2 vs 1)" in out.stderr
+    assert not any(tmp_path.iterdir())
