@@ -77,6 +77,17 @@ class Roller:
         obs, _ = self.envs.reset(seed=[seed + i for i in range(self.envs.num_envs)])
         self.obs = torch.as_tensor(obs, dtype=torch.float32)
 
+    def state(self) -> dict:
+        """What a checkpoint needs to continue the rollout exactly (tensors only)."""
+        return {"obs": self.obs.clone(),
+                "running_return": torch.as_tensor(self._running_return),
+                "running_length": torch.as_tensor(self._running_length)}
+
+    def load_state(self, state: dict) -> None:
+        self.obs = state["obs"].clone()
+        self._running_return = state["running_return"].numpy().copy()
+        self._running_length = state["running_length"].numpy().copy()
+
     def drain_episodes(self) -> list[tuple[float, int]]:
         done, self.finished = self.finished, []
         return done

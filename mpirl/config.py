@@ -114,10 +114,28 @@ class Config:
     nan_policy: str = _doc(
         "a NaN/Inf in a gradient: 'stop' the job naming rank and update, or 'skip' that "
         "update on every rank (counted in summary.json)", default="stop")
+    checkpoint_every: int = _doc(
+        "sync mode: every rank writes a checkpoint (parameters, Adam state, RNG, env state) "
+        "every this many rollouts and at the end; 0 disables", default=100)
+    resume: str = _doc(
+        "continue the killed or finished run in this run directory from its checkpoints, "
+        "to the same total budget (its config.yaml is the base; flags on top)", default="")
     fail: list = _doc(
         "inject a failure, as RANK@UPDATE[:KIND] (repeatable), KIND one of exit (the "
         "process dies), raise, nan (the gradient becomes NaN), hang; for tests and drills",
         default_factory=list)
+
+    def _check_resume(self, world_size: int) -> None:
+        if self.mode != "sync":
+            raise ConfigError(f"resume: mode={self.mode!r}; checkpoints are written by sync "
+                              "runs only (async and quorum cannot be resumed yet)")
+        ckpt = Path(self.resume) / "checkpoints"
+        missing = [r for r in range(world_size) if not (ckpt / f"rank{r:04d}.pt").is_file()]
+        if missing:
+            have = sorted(p.name for p in ckpt.glob("rank*.pt")) if ckpt.is_dir() else []
+            raise ConfigError(f"resume={self.resume!r}: no checkpoint for ranks {missing} "
+                              f"(found {len(have)}: {', '.join(have) or 'none'}); resume with "
+                              "the rank count the run was started with")
 
     # -- derived ---------------------------------------------------------------------------
     def slowdown_of(self, rank: int) -> float:
@@ -198,6 +216,9 @@ class Config:
                                   f"0..{world_size - 1}")
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("nan_policy", self.nan_policy, NAN_POLICIES)
+        _at_least("checkpoint_every", self.checkpoint_every, 0)
+        if self.resume:
+            self._check_resume(world_size)
         _at_least("watchdog_s", self.watchdog_s, 0.0)
         try:
             planned = parse_faults(self.fail, world_size)
@@ -346,7 +367,16 @@ def build_parser(prog: str = "python -m mpirl.run") -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> Config:
     """Config from ``--config`` (if given) with command-line flags applied on top."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = Config.from_yaml(args.config) if args.config else Config()
+    if args.config:
+        cfg = Config.from_yaml(args.config)
+    elif args.resume:              # the run's own configuration, minus injected failures
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"resume={args.resume!r}: no {saved}; give a run directory")
+        cfg = Config.from_yaml(saved)
+        cfg.fail = []
+    else:
+        cfg = Config()
     for f in fields(Config):
         value = getattr(args, f.name)
         if value is not None:

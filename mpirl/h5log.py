@@ -147,15 +147,33 @@ class _Table:
 class RankLog:
     """This rank's ``rankNNNN.h5``; ``new_update()`` / ``episode()`` add rows."""
 
-    def __init__(self, run_dir: Path, rank: int, role: str, flush_every: int) -> None:
+    def __init__(self, run_dir: Path, rank: int, role: str, flush_every: int,
+                 resume_update: int | None = None) -> None:
+        """``resume_update``: continue an existing log, keeping only its rows up to that
+        update (those after the checkpoint are re-done by the resumed run)."""
         self.path = Path(run_dir) / f"rank{rank:04d}.h5"
-        self.start = time.perf_counter()
-        self.file = h5py.File(self.path, "w", libver=LIBVER)
+        kept, start_unix = {}, time.time()
+        if resume_update is not None and self.path.is_file():
+            kept, start_unix = _rows_until(self.path, resume_update)
+        # t_s columns keep counting from the first start, across resumes
+        self.start = time.perf_counter() - (time.time() - start_unix)
+        tmp = self.path.with_suffix(".h5.tmp")
+        self.file = h5py.File(tmp if kept else self.path, "w", libver=LIBVER)
         self.file.attrs.update(rank=rank, hostname=socket.gethostname(), role=role,
-                               start_unix_s=time.time(), schema=SCHEMA_VERSION)
+                               start_unix_s=start_unix, schema=SCHEMA_VERSION)
         self.updates = _Table(self.file, "updates", UPDATE_DTYPE, flush_every)
         self.episodes = _Table(self.file, "episodes", EPISODE_DTYPE, flush_every)
         self.sim_steps = _Table(self.file, "sim_steps", SIM_STEP_DTYPE, 64 * flush_every)
+        for name, rows in kept.items():
+            if len(rows):
+                getattr(self, name)._write(rows)
+        if kept:                  # the cut log replaces the old one in one rename
+            self.file.close()
+            os.replace(tmp, self.path)
+            self.file = h5py.File(self.path, "a", libver=LIBVER)
+            self.updates.dataset = self.file["updates"]
+            self.episodes.dataset = self.file["episodes"]
+            self.sim_steps.dataset = self.file["sim_steps"]
         self.file.swmr_mode = True
 
     def now(self) -> float:
@@ -200,6 +218,18 @@ class RankLog:
         if self.file.id.valid:
             self.flush()
             self.file.close()
+
+
+def _rows_until(path: Path, update: int) -> tuple[dict, float]:
+    """Rows of a rank log (also one left by a crash) with ``update <= update``."""
+    with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        start = float(f.attrs["start_unix_s"])
+        out = {}
+        for name, dtype in (("updates", UPDATE_DTYPE), ("episodes", EPISODE_DTYPE),
+                            ("sim_steps", SIM_STEP_DTYPE)):
+            rows = f[name][...] if name in f else np.zeros(0, dtype)
+            out[name] = rows[rows["update"] <= update].astype(dtype)
+    return out, start
 
 
 def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: list[str],

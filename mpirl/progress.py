@@ -14,14 +14,18 @@ COLUMNS = ("update", "env_steps", "wall_s", "episodes", "mean_return", "steps_pe
 class Progress:
     """One CSV row and one console line per report; a no-op on ranks that do not report."""
 
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, *, resume: bool = False,
+                 elapsed_s: float = 0.0) -> None:
         self.enabled = enabled
-        self.start = time.perf_counter()
+        self.start = time.perf_counter() - elapsed_s   # a resumed run counts on
         self._file = None
         if enabled:
-            self._file = open(run_dir / "progress.csv", "w", newline="")
+            path = run_dir / "progress.csv"
+            append = resume and path.is_file()
+            self._file = open(path, "a" if append else "w", newline="")
             self._csv = csv.writer(self._file)
-            self._csv.writerow(COLUMNS)
+            if not append:
+                self._csv.writerow(COLUMNS)
 
     def report(self, *, update: int, env_steps: int, episodes: float, return_sum: float,
                comm_share: float, mean_staleness: float = math.nan) -> None:

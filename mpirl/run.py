@@ -67,11 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"mpirl.run: error: {error}", file=sys.stderr, flush=True)
         return 2
+    from .faults import StopRequested
     from .modes.common import StartupMismatch
     from .modes.sync import ReplicaDivergence   # heavy imports (torch) only from here on
     from .train import train
     try:
         train(cfg, comm)
+    except StopRequested as err:            # every rank stopped at the same update
+        if rank == 0:
+            print(f"mpirl.run: {err}", file=sys.stderr, flush=True)
+        return 143
     except StartupMismatch as err:          # seen by every rank alike
         if rank == 0:
             print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)

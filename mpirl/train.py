@@ -18,6 +18,8 @@ from .modes.common import Summary, local_rank_count
 
 def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
     """Rank 0 creates the run directory and saves the configuration; all ranks learn it."""
+    if cfg.resume:
+        return Path(cfg.resume)
     path = None
     if comm.Get_rank() == 0:
         name = cfg.run_name or (f"{cfg.topology}-{cfg.mode}-{comm.Get_size()}r-"

@@ -69,6 +69,15 @@ class Episodes:
             return None
         return sum(self.last) / len(self.last)
 
+    def state(self) -> dict:
+        return {"window_sum": self.window_sum, "window_count": self.window_count,
+                "last": list(self.last)}
+
+    def load_state(self, state: dict) -> None:
+        self.window_sum, self.window_count = state["window_sum"], state["window_count"]
+        self.last.clear()
+        self.last.extend(state["last"])
+
     def take_window(self) -> tuple[float, int]:
         out = (self.window_sum, self.window_count)
         self.window_sum, self.window_count = 0.0, 0
@@ -111,16 +120,17 @@ class RunLogger:
     being measured.  ``record`` times itself: each row carries the seconds the
     previous row cost to log (``log_s``), so the overhead is in the data."""
 
-    def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str) -> None:
+    def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str,
+                 resume_update: int | None = None) -> None:
         hosts = comm.allgather(socket.gethostname())
         cores = comm.allgather(cpu_count())
-        if comm.Get_rank() == 0:
+        if comm.Get_rank() == 0 and resume_update is None:
             write_run_file(run_dir, config=cfg.to_dict(), world_size=comm.Get_size(),
                            hostnames=hosts, cores=cores, version=__version__,
                            mpi_library=MPI.Get_library_version().splitlines()[0].strip())
         self.run_dir = run_dir
         self.rank = comm.Get_rank()
-        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every)
+        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update)
         self._log_s = 0.0
         self.update_start = self.exchange_start = 0.0
 

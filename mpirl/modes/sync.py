@@ -15,15 +15,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from mpi4py import MPI
 
 import topologies
 
+from .. import checkpoint
 from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
-from ..faults import FaultInjector, Watchdog, check_gradient, finite
+from ..faults import (FaultInjector, StopFlag, StopRequested, Watchdog, check_gradient,
+                      finite)
 from .common import (Episodes, RunLogger, Summary, check_same_model, comm_share,
                      final_mean_return, reached_target, sum_over_ranks)
 
@@ -42,6 +45,18 @@ def check_replicas(replica: Replica, comm: MPI.Comm, update: int) -> None:
             "parameters or optimizer state")
 
 
+def _restore(replica: Replica, episodes: Episodes, state: dict, seed: int) -> None:
+    """Put a replica back where a checkpoint left it."""
+    replica.flat.param_np[:] = state["params"].numpy()
+    replica.opt.load_state_dict(state["adam"])
+    torch.set_rng_state(state["torch_rng"])
+    if checkpoint.restore_env_state(replica.envs, state["envs"], seed):
+        replica.roller.load_state(state["roller"])
+    else:                             # the env could not be saved: a fresh start of it
+        replica.roller.start(seed)
+    episodes.load_state(state["episodes"])
+
+
 def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank, size = comm.Get_rank(), comm.Get_size()
     replica = Replica(cfg, rank)
@@ -49,18 +64,37 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     topo = topologies.get(cfg.topology)(comm)
     topo.bcast(replica.flat.param_np, root=0)     # identical start, whatever torch did
     grad = replica.flat.grad_np
-    logger = RunLogger(cfg, comm, run_dir, role="worker")
-
     batches = cfg.total_steps // (size * replica.steps_per_batch)
     timer, phases = PhaseTimer(), {}
     episodes = Episodes()
-    progress = Progress(run_dir, enabled=rank == 0)
-    update = skipped = 0
+    update = skipped = first_batch = 0
+    wall_before = 0.0
+    if cfg.resume:
+        state = checkpoint.load(run_dir, rank)
+        first_batch, update, skipped = state["batch_index"], state["update"], state["skipped"]
+        wall_before, phases = state["wall_s"], dict(state["phases"])
+        _restore(replica, episodes, state, cfg.seed + 10000 * rank + first_batch)
+    logger = RunLogger(cfg, comm, run_dir, role="worker",
+                       resume_update=update if cfg.resume else None)
+    progress = Progress(run_dir, enabled=rank == 0, resume=bool(cfg.resume),
+                        elapsed_s=wall_before)
+
+    def save_checkpoint(batch_index: int) -> None:
+        logger.log.flush()            # the log holds every row the checkpoint covers
+        checkpoint.save(run_dir, rank, {
+            "batch_index": batch_index, "update": update, "skipped": skipped,
+            "world_size": size, "wall_s": progress.elapsed(), "phases": dict(phases),
+            "params": torch.from_numpy(replica.flat.param_np.copy()),
+            "adam": replica.opt.state_dict(), "torch_rng": torch.get_rng_state(),
+            "envs": checkpoint.env_state(replica.envs), "roller": replica.roller.state(),
+            "episodes": episodes.state()})
+
     solved = False
     faults = FaultInjector(cfg.fail, rank)
     watchdog = Watchdog(comm, cfg.watchdog_s, rank)
+    stop = StopFlag()
     logger.mark_update_start()
-    for batch_index in range(1, batches + 1):
+    for batch_index in range(first_batch + 1, batches + 1):
         watchdog.at(f"computing update {update + 1}")
         batch = replica.collect(timer)
         finished = replica.roller.drain_episodes()
@@ -101,7 +135,18 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
             if reached_target(cfg.target_return, means, size):   # same answer on every rank
                 batches, solved = batch_index, True
                 break
+        if cfg.checkpoint_every and batch_index % cfg.checkpoint_every == 0:
+            save_checkpoint(batch_index)
+        if stop.agreed(comm):         # SIGTERM/SIGINT on any rank: all stop here, together
+            watchdog.stop()
+            save_checkpoint(batch_index)
+            logger.close()
+            progress.close()
+            raise StopRequested(update, run_dir)
+    stop.restore()
     watchdog.stop()
+    if cfg.checkpoint_every:
+        save_checkpoint(batches)
     if cfg.checksum_every:
         check_replicas(replica, comm, update)
     progress.close()
