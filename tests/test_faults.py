@@ -29,20 +29,22 @@ def test_fault_specs_are_checked():
             parse_faults([bad], world_size=3)
 
 
-@pytest.mark.parametrize("kind, code, says", [
-    ("exit", 9, "injected failure (exit) on rank 1 at update 3"),
-    ("raise", 1, "error on rank 1: InjectedFault: injected failure on rank 1 at update 3"),
-    ("nan", 1, "rank 1: non-finite loss or gradient at update 3 (--nan-policy stop"),
+# The launcher reports the dead rank's own status (17 for the injected exit, 1 after
+# MPI_Abort) or that of a rank it killed to end the job (9, SIGKILL): which one varies.
+@pytest.mark.parametrize("kind, codes, says", [
+    ("exit", (17, 9), "injected failure (exit) on rank 1 at update 3"),
+    ("raise", (1, 9), "error on rank 1: InjectedFault: injected failure on rank 1 at update 3"),
+    ("nan", (1, 9), "rank 1: non-finite loss or gradient at update 3 (--nan-policy stop"),
 ])
-def test_a_failing_rank_ends_the_whole_job_naming_rank_and_update(tmp_path, kind, code, says):
-    result, _ = run(tmp_path, 3, "--fail", f"1@3:{kind}")
-    assert result.returncode == code and says in result.output, result.tail()
-    assert "done:" not in result.output
+def test_a_failing_rank_ends_the_whole_job_naming_rank_and_update(tmp_path, kind, codes, says):
+    result, took = run(tmp_path, 3, "--fail", f"1@3:{kind}")
+    assert result.returncode in codes and says in result.output, result.tail()
+    assert "done:" not in result.output and took < 60
 
 
 def test_a_hanging_rank_is_caught_by_the_watchdog(tmp_path):
     result, took = run(tmp_path, 3, "--fail", "1@3:hang", "--watchdog-s", "3")
-    assert result.returncode == 4, result.tail()
+    assert result.returncode in (4, 9), result.tail()      # 9: a rank the launcher killed
     assert "rank 1 made no progress" in result.output and "computing update 3" in result.output
     assert "in the exchange of update 3, waiting for other ranks" in result.output
     assert took < 60
