@@ -109,10 +109,12 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
             watchdog.at(f"in the exchange of update {update + 1}, waiting for other ranks")
             with timer("exchange_s"):
                 topo.allreduce(grad, average=True)
-            if finite(grad):     # a NaN anywhere reached every rank: all skip together
-                replica.apply(timer)
-            else:
+            # with 'stop' every rank checked its own gradient above, so only 'skip' can
+            # bring a NaN here: it reached every rank, and all skip this step together
+            if cfg.nan_policy == "skip" and not finite(grad):
                 skipped += 1
+            else:
+                replica.apply(timer)
             update_phases = timer.take()
             for phase, seconds in update_phases.items():
                 phases[phase] = phases.get(phase, 0.0) + seconds
