@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from . import sentinel
+
 FAIL_KINDS = ("exit", "raise", "nan", "hang")
 NAN_POLICIES = ("stop", "skip")
 
@@ -137,10 +139,12 @@ class Watchdog:
         self.last = time.monotonic()
         self.update = update
         self.where = where
+        sentinel.publish(update, where)
 
     def at(self, where: str) -> None:
         """Say what this rank is doing now (shown if it stalls there); the clock runs on."""
         self.where = where
+        sentinel.publish(self.update, where)
 
     def stop(self) -> None:
         self._stop.set()

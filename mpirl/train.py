@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
+from . import sentinel
 from .config import Config
 from .launch import cpu_count
 from .modes import MODES
@@ -41,7 +42,13 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
         print(f"mpirl: {size} ranks ({workers} collecting experience), mode={cfg.mode}, "
               f"topology={cfg.topology}, env={cfg.env}, budget {cfg.total_steps} env steps",
               flush=True)
-    summary = MODES[cfg.mode](cfg, comm, run_dir)
+    watcher = sentinel.start(run_dir, rank)     # names this rank if it dies without a word
+    try:
+        summary = MODES[cfg.mode](cfg, comm, run_dir)
+    except BaseException:
+        watcher.close(sentinel.REPORTED)         # mpirl.run reports it (or it is a stop)
+        raise
+    watcher.close(sentinel.CLEAN)
     if rank == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
         print(describe(summary))

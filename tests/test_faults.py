@@ -40,6 +40,10 @@ def test_a_failing_rank_ends_the_whole_job_naming_rank_and_update(tmp_path, kind
     result, took = run(tmp_path, 3, "--fail", f"1@3:{kind}")
     assert result.returncode in codes and says in result.output, result.tail()
     assert "done:" not in result.output and took < 60
+    # a rank that vanishes is named by its sentinel; one that reported its error is not
+    named = "mpirl: rank 1 (pid " in result.output and "died without a word at update 2" \
+        in result.output
+    assert named == (kind == "exit") and result.output.count("died without a word") <= 1
 
 
 def test_a_hanging_rank_is_caught_by_the_watchdog(tmp_path):
