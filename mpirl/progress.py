@@ -19,13 +19,23 @@ class Progress:
         self.enabled = enabled
         self.start = time.perf_counter() - elapsed_s   # a resumed run counts on
         self._file = None
+        self.run_dir = run_dir
         if enabled:
-            path = run_dir / "progress.csv"
-            append = resume and path.is_file()
-            self._file = open(path, "a" if append else "w", newline="")
-            self._csv = csv.writer(self._file)
-            if not append:
-                self._csv.writerow(COLUMNS)
+            self._open(append=resume)
+
+    def _open(self, append: bool) -> None:
+        path = self.run_dir / "progress.csv"
+        append = append and path.is_file()
+        self._file = open(path, "a" if append else "w", newline="")
+        self._csv = csv.writer(self._file)
+        if not append:
+            self._csv.writerow(COLUMNS)
+
+    def take_over(self) -> None:
+        """This rank reports from now on (the reporting rank failed and the run went on)."""
+        if not self.enabled:
+            self.enabled = True
+            self._open(append=True)
 
     def report(self, *, update: int, env_steps: int, episodes: float, return_sum: float,
                comm_share: float, mean_staleness: float = math.nan) -> None:

@@ -11,6 +11,7 @@ second, not a torch start-up per rank.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .config import ConfigError, build_parser, parse_args
@@ -46,7 +47,7 @@ def config_digest(cfg) -> str:
     return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -63,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     # launched with a different configuration (MPMD launches, per-node config files),
     # stops everyone, with one line from rank 0.
     error = agree_on_config(comm, cfg, error)
+    if not error and cfg.on_failure == "shrink":
+        from .ulfm import unsupported         # same answer on every rank (same launch)
+        why = unsupported()
+        error = f"on_failure='shrink' needs an MPI that survives failures (ULFM): {why}" \
+            if why else None
     if error:
         if rank == 0:
             print(f"mpirl.run: error: {error}", file=sys.stderr, flush=True)
@@ -88,6 +94,31 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:                # seen by this rank alone: end the whole job now
         abort_job(comm, f"mpirl.run: error on rank {rank}: {type(err).__name__}: {err}", 1)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """:func:`run_main`, and the way out of the process that fits the MPI library."""
+    from .ulfm import unsupported
+
+    if unsupported() is not None:           # MPICH, or Open MPI without fault tolerance
+        return run_main(argv)
+    # Open MPI with fault tolerance: its MPI_Finalize hangs in the threaded failure
+    # detector (5.0.11, measured: forever, with or without a failure, also in a 3-line
+    # mpi4py program).  Every file is closed by the time run_main returns or raises, so
+    # leave without it, whatever happened; the launcher's exit status is then ours, or a
+    # failed rank's.
+    try:
+        code = run_main(argv)
+    except SystemExit as err:
+        code = err.code if isinstance(err.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
         watcher.close(sentinel.REPORTED)         # mpirl.run reports it (or it is a stop)
         raise
     watcher.close(sentinel.CLEAN)
-    if rank == 0:
+    if rank == summary.writer_rank:           # rank 0, or the lowest survivor of a failure
         (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
         print(describe(summary))
         print(f"run files: {run_dir}/ (config.yaml, progress.csv, summary.json, run.h5 "
@@ -64,6 +64,9 @@ def describe(s: Summary) -> str:
              f"gradients: {s.gradients_sent} sent = {s.gradients_applied} applied + "
              f"{s.gradients_dropped} dropped; communication {100 * s.comm_share:.1f}% of "
              "workers' busy time"]
+    if s.ranks_failed:
+        lines.append(f"survived the failure of rank(s) {s.ranks_failed}: finished with "
+                     f"{s.ranks - len(s.ranks_failed)} of {s.ranks} ranks (--on-failure shrink)")
     if not math.isnan(s.mean_staleness):
         lines[-1] += f"; mean staleness {s.mean_staleness:.2f}"
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 import time
@@ -14,7 +15,7 @@ from mpi4py import MPI
 
 from .. import __version__
 from ..h5log import RankLog, finish_run_file, write_run_file
-from ..launch import cpu_count
+from ..launch import cpu_count, mpi_library
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Summary:
     param_digest: str = ""                  # SHA-256 of the final parameters (rank 0's)
     gradient_bytes: int = 0                 # size of the flat gradient each exchange moves
     updates_skipped: int = 0                # non-finite gradients skipped (--nan-policy skip)
+    ranks_failed: list = field(default_factory=list)   # launch ranks lost, run went on
+    writer_rank: int = 0                    # launch rank that wrote this (lowest survivor)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,7 +49,8 @@ class Summary:
         """The gradient totals, as stored in run.h5's attributes."""
         return {"gradients_sent": self.gradients_sent,
                 "gradients_applied": self.gradients_applied,
-                "gradients_dropped": self.gradients_dropped}
+                "gradients_dropped": self.gradients_dropped,
+                "ranks_failed_json": json.dumps(self.ranks_failed)}
 
 
 class Episodes:
@@ -127,7 +131,7 @@ class RunLogger:
         if comm.Get_rank() == 0 and resume_update is None:
             write_run_file(run_dir, config=cfg.to_dict(), world_size=comm.Get_size(),
                            hostnames=hosts, cores=cores, version=__version__,
-                           mpi_library=MPI.Get_library_version().splitlines()[0].strip())
+                           mpi_library=mpi_library())
         self.run_dir = run_dir
         self.rank = comm.Get_rank()
         self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update)
@@ -164,9 +168,17 @@ class RunLogger:
     def sim_times(self, update: int, times) -> None:
         self.log.sim_times(update, times)
 
-    def close(self, totals: dict | None = None) -> None:
+    def failure(self, update: int, event) -> None:
+        """A failure this rank survived (an :class:`mpirl.ulfm.FailureEvent`)."""
+        self.log.failure(update, unix_s=event.unix_s, detect_s=event.detect_s,
+                         recover_s=event.recover_s, size_after=event.size_after,
+                         failed=event.failed)
+
+    def close(self, totals: dict | None = None, writer: bool | None = None) -> None:
+        """``writer``: this rank finishes run.h5 (default: rank 0; after a failure the
+        lowest survivor)."""
         self.log.close()
-        if self.rank == 0 and totals is not None:
+        if (self.rank == 0 if writer is None else writer) and totals is not None:
             finish_run_file(self.run_dir, totals)
 
 

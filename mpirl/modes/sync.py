@@ -25,6 +25,7 @@ from ..config import Config
 from ..progress import Progress
 from ..replica import Replica
 from ..timing import PhaseTimer
+from ..ulfm import Backup, Team
 from ..faults import (FaultInjector, StopFlag, StopRequested, Watchdog, check_gradient,
                       finite)
 from .common import (Episodes, RunLogger, Summary, check_same_model, comm_share,
@@ -35,11 +36,12 @@ class ReplicaDivergence(RuntimeError):
     """Ranks hold different parameters or optimizer state: the comparison is void."""
 
 
-def check_replicas(replica: Replica, comm: MPI.Comm, update: int) -> None:
+def check_replicas(replica: Replica, team: Team, update: int) -> None:
     replica.flat.check_views()
-    digests = comm.allgather(replica.digest())
+    digest = replica.digest()
+    digests = team.run(lambda c: c.allgather(digest), f"replica check at update {update}")
     if len(set(digests)) != 1:
-        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        odd = [team.world[r] for r, d in enumerate(digests) if d != digests[0]]
         raise ReplicaDivergence(
             f"replicas diverged by update {update}: ranks {odd} differ from rank 0 in "
             "parameters or optimizer state")
@@ -58,32 +60,46 @@ def _restore(replica: Replica, episodes: Episodes, state: dict, seed: int) -> No
 
 
 def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank, launched = comm.Get_rank(), comm.Get_size()
     replica = Replica(cfg, rank)
     check_same_model(comm, replica)
-    topo = topologies.get(cfg.topology)(comm)
+    # every collective of the loop goes through the team: under --on-failure shrink (ULFM)
+    # it is agreed by the survivors and redone on a shrunk communicator after a failure
+    team = Team(comm, cfg.on_failure)
+    topo = topologies.get(cfg.topology)(team.comm)
+
+    def rebuild(new_comm: MPI.Comm) -> None:
+        nonlocal topo
+        topo = topologies.get(cfg.topology)(new_comm)
+    team.on_shrink(rebuild)
     topo.bcast(replica.flat.param_np, root=0)     # identical start, whatever torch did
     grad = replica.flat.grad_np
-    batches = cfg.total_steps // (size * replica.steps_per_batch)
+    backup = Backup(grad) if cfg.on_failure == "shrink" else None
+    spb = replica.steps_per_batch
     timer, phases = PhaseTimer(), {}
     episodes = Episodes()
-    update = skipped = first_batch = 0
+    update = skipped = batch_index = env_steps = gradients = 0
     wall_before = 0.0
     if cfg.resume:
         state = checkpoint.load(run_dir, rank)
-        first_batch, update, skipped = state["batch_index"], state["update"], state["skipped"]
+        batch_index, update, skipped = state["batch_index"], state["update"], state["skipped"]
+        env_steps = state.get("env_steps", batch_index * launched * spb)
+        gradients = state.get("gradients", update * launched)
         wall_before, phases = state["wall_s"], dict(state["phases"])
-        _restore(replica, episodes, state, cfg.seed + 10000 * rank + first_batch)
+        _restore(replica, episodes, state, cfg.seed + 10000 * rank + batch_index)
     logger = RunLogger(cfg, comm, run_dir, role="worker",
                        resume_update=update if cfg.resume else None)
     progress = Progress(run_dir, enabled=rank == 0, resume=bool(cfg.resume),
                         elapsed_s=wall_before)
 
-    def save_checkpoint(batch_index: int) -> None:
+    def save_checkpoint() -> None:
+        if team.events:               # a resume needs the launch's rank count: see README
+            return
         logger.log.flush()            # the log holds every row the checkpoint covers
         checkpoint.save(run_dir, rank, {
             "batch_index": batch_index, "update": update, "skipped": skipped,
-            "world_size": size, "wall_s": progress.elapsed(), "phases": dict(phases),
+            "env_steps": env_steps, "gradients": gradients,
+            "world_size": launched, "wall_s": progress.elapsed(), "phases": dict(phases),
             "params": torch.from_numpy(replica.flat.param_np.copy()),
             "adam": replica.opt.state_dict(), "torch_rng": torch.get_rng_state(),
             "envs": checkpoint.env_state(replica.envs), "roller": replica.roller.state(),
@@ -94,7 +110,8 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     watchdog = Watchdog(comm, cfg.watchdog_s, rank)
     stop = StopFlag()
     logger.mark_update_start()
-    for batch_index in range(first_batch + 1, batches + 1):
+    while env_steps + team.size * spb <= cfg.total_steps:
+        batch_index += 1
         watchdog.at(f"computing update {update + 1}")
         batch = replica.collect(timer)
         finished = replica.roller.drain_episodes()
@@ -106,9 +123,16 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
             check_gradient(grad, cfg.nan_policy, rank, update + 1)   # raises for 'stop'
             sent, received = topo.stats.bytes_sent, topo.stats.bytes_recv
             logger.mark_exchange_start()
-            watchdog.at(f"in the exchange of update {update + 1}, waiting for other ranks")
+            where = f"in the exchange of update {update + 1}, waiting for other ranks"
+            watchdog.at(where)
+            known_failures = len(team.events)
             with timer("exchange_s"):
-                topo.allreduce(grad, average=True)
+                if backup is not None:
+                    backup.save()
+                team.run(lambda c: topo.allreduce(grad, average=True), where,
+                         restore=backup.restore if backup is not None else None)
+            for event in team.events[known_failures:]:
+                logger.failure(update + 1, event)
             # with 'stop' every rank checked its own gradient above, so only 'skip' can
             # bring a NaN here: it reached every rank, and all skip this step together
             if cfg.nan_policy == "skip" and not finite(grad):
@@ -121,45 +145,56 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
             logger.record(update + 1, update_phases,
                           bytes_sent=topo.stats.bytes_sent - sent,
                           bytes_recv=topo.stats.bytes_recv - received,
-                          env_steps=replica.steps_per_batch if repeat == 0 else 0,
+                          env_steps=spb if repeat == 0 else 0,
                           param_version=update, staleness=0)
             update += 1
+            gradients += team.size
             watchdog.beat(update, "between updates")
             if cfg.checksum_every and update % cfg.checksum_every == 0:
-                check_replicas(replica, comm, update)
+                check_replicas(replica, team, update)
+        env_steps += team.size * spb
+        last = env_steps + team.size * spb > cfg.total_steps
         episodes.add(finished)
         logger.episodes(update, finished)
-        if batch_index % cfg.log_every == 0 or batch_index == batches:
-            return_sum, count = sum_over_ranks(comm, episodes.take_window())
-            progress.report(update=update, env_steps=batch_index * size * replica.steps_per_batch,
+        if batch_index % cfg.log_every == 0 or last:
+            window = episodes.take_window()
+            return_sum, count = team.run(lambda c, w=window: sum_over_ranks(c, w), "progress")
+            if team.rank == 0:
+                progress.take_over()          # the lowest survivor reports after a failure
+            progress.report(update=update, env_steps=env_steps,
                             episodes=count, return_sum=return_sum, comm_share=comm_share(phases))
-            means = [m for m in comm.allgather(episodes.recent_mean()) if m is not None]
-            if reached_target(cfg.target_return, means, size):   # same answer on every rank
-                batches, solved = batch_index, True
+            mine = episodes.recent_mean()
+            means = [m for m in team.run(lambda c, m=mine: c.allgather(m), "progress")
+                     if m is not None]
+            if reached_target(cfg.target_return, means, team.size):   # same on every rank
+                solved = True
                 break
         if cfg.checkpoint_every and batch_index % cfg.checkpoint_every == 0:
-            save_checkpoint(batch_index)
-        if stop.agreed(comm):         # SIGTERM/SIGINT on any rank: all stop here, together
+            save_checkpoint()
+        if team.run(stop.agreed, "stop check"):   # SIGTERM/SIGINT on any rank: all stop here
+            if team.events:
+                break                 # no checkpoint after a shrink: end as if done
             watchdog.stop()
-            save_checkpoint(batch_index)
+            save_checkpoint()
             logger.close()
             progress.close()
             raise StopRequested(update, run_dir)
     stop.restore()
     watchdog.stop()
     if cfg.checkpoint_every:
-        save_checkpoint(batches)
+        save_checkpoint()
     if cfg.checksum_every:
-        check_replicas(replica, comm, update)
+        check_replicas(replica, team, update)
     progress.close()
-    share = comm.allreduce(comm_share(phases)) / size
-    summary = Summary(mode="sync", topology=cfg.topology, ranks=size, updates=update,
-                      env_steps=batches * size * replica.steps_per_batch,
-                      wall_s=progress.elapsed(), gradients_sent=update * size,
-                      gradients_applied=update * size, gradients_dropped=0,
-                      final_mean_return=final_mean_return(comm, episodes), comm_share=share,
+    share = team.run(lambda c: c.allreduce(comm_share(phases)), "summary") / team.size
+    last_returns = team.run(lambda c: final_mean_return(c, episodes), "summary")
+    failed = sorted(r for e in team.events for r in e.failed)
+    summary = Summary(mode="sync", topology=cfg.topology, ranks=launched, updates=update,
+                      env_steps=env_steps, wall_s=progress.elapsed(),
+                      gradients_sent=gradients, gradients_applied=gradients,
+                      gradients_dropped=0, final_mean_return=last_returns, comm_share=share,
                       phase_s=phases, reached_target=solved,
                       param_digest=replica.param_digest(), gradient_bytes=grad.nbytes,
-                      updates_skipped=skipped)
-    logger.close(summary.totals())
+                      updates_skipped=skipped, ranks_failed=failed, writer_rank=team.world[0])
+    logger.close(summary.totals(), writer=team.rank == 0)
     return summary
