@@ -11,7 +11,7 @@ RUNS   ?= runs/sweeps/topologies
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mpirl-installed
 
-.PHONY: install run test bench sweep plot clean
+.PHONY: install run test bench soak sweep plot clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test: install
 
 bench: install
 	$(BIN)/mpirun -np $(NP) $(BIN)/python -m mpirl.bench $(ARGS)
+
+# make soak NP=8 ARGS="--exchanges 5000": every topology, thousands of checked exchanges
+soak: install
+	$(BIN)/mpirun -np $(NP) $(BIN)/python -m mpirl.soak $(ARGS)
 
 # make sweep SWEEP=experiments/straggler.yaml ARGS="--launcher slurm --submit"
 sweep: install
