@@ -18,7 +18,7 @@ ULFM_EXEC   = $(ULFM_VENV)/bin/mpiexec $(if $(filter 0,$(shell id -u)),--allow-r
 	--oversubscribe --with-ft ulfm --mca mpi_ft_detector true --mca mpi_ft_detector_thread true \
 	--mca mpi_ft_detector_period 1 --mca mpi_ft_detector_timeout 4
 
-.PHONY: install ulfm-env run run-ulfm test bench sweep plot clean
+.PHONY: install ulfm-env run run-ulfm test bench soak sweep plot clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ test: install ulfm-env
 
 bench: install
 	$(BIN)/mpirun -np $(NP) $(BIN)/python -m mpirl.bench $(ARGS)
+
+# make soak NP=8 ARGS="--exchanges 5000": every topology, thousands of checked exchanges
+soak: install
+	$(BIN)/mpirun -np $(NP) $(BIN)/python -m mpirl.soak $(ARGS)
 
 # make sweep SWEEP=experiments/straggler.yaml ARGS="--launcher slurm --submit"
 sweep: install

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -157,8 +158,8 @@ class Config:
             if not sep or not key.strip():
                 raise ConfigError(f"env_arg={spec!r}; expected KEY=VALUE, e.g. difficulty=2")
             try:
-                out[key.strip()] = yaml.safe_load(text)
-            except yaml.YAMLError:
+                out[key.strip()] = yaml.load(text, Loader=_SafeLoader)
+            except (yaml.YAMLError, RecursionError):
                 raise ConfigError(f"env_arg={spec!r}: {text!r} is not a value") from None
         return out
 
@@ -181,7 +182,8 @@ class Config:
             raise ConfigError(f"{source}: expected a mapping of field: value, got "
                               f"{type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        # YAML keys may be numbers, null or hold line breaks: named printably, one line
+        unknown = sorted(_printable(k) for k in data if k not in known)
         if unknown:
             raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}; "
                               f"valid fields: {', '.join(sorted(known))}")
@@ -261,7 +263,7 @@ class Config:
         _in_range("clip_ratio", self.clip_ratio, 0.0, 1.0)
         for name in ("value_coef", "entropy_coef", "max_grad_norm"):
             _at_least(name, getattr(self, name), 0.0)
-        if not self.hidden or not all(isinstance(h, int) and h > 0 for h in self.hidden):
+        if not self.hidden or not all(type(h) is int and h > 0 for h in self.hidden):
             raise ConfigError(f"hidden={self.hidden!r}; allowed: a non-empty list of positive ints")
         workers = self.experience_ranks(world_size)
         per_update = workers * self.num_envs * self.rollout_steps * self.action_repeat
@@ -283,10 +285,24 @@ def parse_stragglers(specs: list) -> dict[int, float]:
             rank, factor = int(rank_text), float(factor_text)
         except ValueError:
             raise ConfigError(f"straggler={spec!r}; expected RANK:FACTOR, e.g. 1:3") from None
-        if rank < 0 or not factor >= 1.0:
-            raise ConfigError(f"straggler={spec!r}; allowed: RANK >= 0 and FACTOR >= 1")
+        if rank < 0 or not 1.0 <= factor < math.inf:
+            raise ConfigError(f"straggler={spec!r}; allowed: RANK >= 0 and a finite FACTOR >= 1")
         out[rank] = factor
     return out
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, except that a tagged value it cannot construct (``!!int x``,
+    ``!!float``, ``!!timestamp 1``), for which PyYAML raises a bare ValueError, IndexError
+    or AttributeError, is a ConstructorError with the value's line, like its other errors."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, IndexError, AttributeError, OverflowError) as err:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {node.value!r} as {node.tag.rsplit(':', 1)[-1]} "
+                f"({type(err).__name__}: {err})", node.start_mark) from None
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -296,13 +312,22 @@ def load_yaml(path: str | Path) -> dict:
         text = path.read_text()
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        line = err.object.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{path} line {line}: not UTF-8 text (byte {err.object[err.start]:#x} "
+                          f"at offset {err.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SafeLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
+        if mark is not None:
+            line = mark.line + 1
+        else:               # a ReaderError (a character YAML forbids) has a position only
+            line = text.count("\n", 0, getattr(err, "position", 0)) + 1
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
+        raise ConfigError(f"{path} line {line}: not valid YAML: {problem}") from None
+    except RecursionError:     # PyYAML composes nested collections recursively
+        raise ConfigError(f"{path}: collections nested too deeply to load") from None
     return {} if data is None else data
 
 
@@ -324,8 +349,13 @@ def _choice(name, value, allowed):
         raise ConfigError(f"{name}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
+def _printable(key) -> str:
+    text = str(key)
+    return text if text.isprintable() else repr(text)
+
+
 def _at_least(name, value, low):
-    if value < low:
+    if not value >= low:             # NaN is not >= anything: refused too
         raise ConfigError(f"{name}={value!r}; allowed: >= {low}")
 
 

@@ -122,8 +122,11 @@ def check_gradient(grad: np.ndarray, policy: str, rank: int, update: int,
 class Watchdog:
     """Aborts the job when this rank's main loop stops beating for ``timeout_s``."""
 
-    def __init__(self, comm, timeout_s: float, rank: int) -> None:
+    def __init__(self, comm, timeout_s: float, rank: int, *, prog: str = "mpirl.run",
+                 unit: str = "update", option: str = "--watchdog-s") -> None:
         self.comm, self.timeout_s, self.rank = comm, timeout_s, rank
+        # how the abort message names the program, what a beat counts, and its flag
+        self.prog, self.unit, self.option = prog, unit, option
         self.last = time.monotonic()
         self.update = 0
         self.where = "starting"
@@ -156,9 +159,9 @@ class Watchdog:
             if stalled > self.timeout_s:
                 from .launch import abort_job
 
-                abort_job(self.comm, f"mpirl.run: error: rank {self.rank} made no progress "
-                          f"for {stalled:.0f} s after update {self.update}, "
-                          f"{self.where or 'outside the training loop'} (--watchdog-s "
+                abort_job(self.comm, f"{self.prog}: error: rank {self.rank} made no progress "
+                          f"for {stalled:.0f} s after {self.unit} {self.update}, "
+                          f"{self.where or 'outside the training loop'} ({self.option} "
                           f"{self.timeout_s:g}); ending the job", 4)
 
 

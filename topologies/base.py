@@ -10,7 +10,9 @@ Contract, checked by ``tests/test_topologies.py`` at several rank counts:
 * ``allreduce(buf)`` leaves the element-wise sum over all ranks in ``buf`` on every
   rank (``average=True``: the sum divided by the rank count), byte-identical on every
   rank and equal to ``MPI_Allreduce`` up to float rounding (the summation order may
-  differ from MPI's).
+  differ from MPI's).  Where the sum is NaN, the NaN's sign may differ between ranks
+  (butterfly and native, when ranks' buffers held NaNs of both signs); where it is NaN
+  does not.
 * ``bcast(buf, root=r)`` leaves rank ``r``'s buffer on every rank.
 * Every rank must call with a buffer of the same length and dtype; point-to-point
   topologies check the length of every message they receive and raise

@@ -7,7 +7,12 @@ Communication Operations in MPICH", IJHPCA 2005, section 4.4).
 
 Byte-identity: in each round both partners compute ``a + b`` from the same two operands
 (one as ``a + b``, the other as ``b + a``); IEEE addition is commutative, so partners
-hold identical bytes after every round, and by induction so do all ranks.
+hold identical bytes after every round, and by induction so do all ranks.  Except for
+NaNs: which of two NaN operands a sum returns depends on their order (x86 keeps the
+first; NumPy's in-place loops may swap them), so where ranks' buffers held NaNs of both
+signs (``inf - inf`` gives -NaN) the summed NaN's sign may differ between partners.
+Its position never does, which is what a NaN check needs; MPI's own recursive doubling
+behaves the same.
 
 Non-power-of-two rank counts (the hard part) are folded as MPICH does.  With
 ``pof2`` the largest power of two <= N and ``rem = N - pof2``:
