@@ -38,6 +38,9 @@ class Summary:
     param_digest: str = ""                  # SHA-256 of the final parameters (rank 0's)
     gradient_bytes: int = 0                 # size of the flat gradient each exchange moves
     updates_skipped: int = 0                # non-finite gradients skipped (--nan-policy skip)
+    snapshots: int = 0                      # async/quorum: checkpoint snapshots completed
+    snapshot_s: float = 0.0                 # the server's seconds in them (first flag to
+                                            # its own checkpoint written), summed
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -121,16 +124,18 @@ class RunLogger:
     previous row cost to log (``log_s``), so the overhead is in the data."""
 
     def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str,
-                 resume_update: int | None = None) -> None:
+                 resume_update: int | None = None, resume_rows: int | None = None) -> None:
         hosts = comm.allgather(socket.gethostname())
         cores = comm.allgather(cpu_count())
-        if comm.Get_rank() == 0 and resume_update is None:
+        resuming = resume_update is not None or resume_rows is not None
+        if comm.Get_rank() == 0 and not resuming:
             write_run_file(run_dir, config=cfg.to_dict(), world_size=comm.Get_size(),
                            hostnames=hosts, cores=cores, version=__version__,
                            mpi_library=MPI.Get_library_version().splitlines()[0].strip())
         self.run_dir = run_dir
         self.rank = comm.Get_rank()
-        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update)
+        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update,
+                           resume_rows)
         self._log_s = 0.0
         self.update_start = self.exchange_start = 0.0
 
