@@ -78,7 +78,8 @@ PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optim
           "other_s")
 
 EPISODE_DTYPE = np.dtype([
-    ("update", "i8"),          # the rank's update counter when the episode ended
+    ("update", "i8"),          # the update (sync) or push (async/quorum worker) whose
+                               # rollout the episode ended in
     ("t_s", "f8"),
     ("return", "f8"),
     ("length", "i8"),
