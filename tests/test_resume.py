@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -175,8 +176,38 @@ def test_killed_parameter_server_run_resumes_with_every_push_counted_once(
     assert len(checkpoint.generations(run_dir)) <= 2
 
 
-def test_sigterm_stops_an_async_run_with_a_snapshot_and_it_resumes(tmp_path):
-    args = ["--mode", "async", "--topology", "star", "--total-steps", "12000",
+def rank_pid(launcher_pid: int, rank: int) -> int:
+    """The process id of ``rank`` among the launcher's descendants (Linux /proc; hydra
+    gives every rank PMI_RANK)."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    for pid in parent:
+        ancestor = parent.get(pid)
+        while ancestor and ancestor != launcher_pid:
+            ancestor = parent.get(ancestor)
+        if ancestor == launcher_pid:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"PMI_RANK={rank}".encode() in environ and b"mpirl.run" in cmdline:
+                return pid
+    raise AssertionError(f"no process of rank {rank} under {launcher_pid}")
+
+
+# async: the launcher forwards SIGTERM to every rank; quorum: only worker 2 gets it and
+# must tell the server in its next push
+@pytest.mark.parametrize("mode, signalled", [("async", None), ("quorum", 2)])
+def test_sigterm_stops_a_parameter_server_run_with_a_snapshot_and_it_resumes(
+        tmp_path, mode, signalled):
+    args = ["--mode", mode, "--topology", "star", "--total-steps", "12000",
             "--num-envs", "2", "--rollout-steps", "8", "--checkpoint-every", "1000",
             "--log-every", "5"]
     cmd = mpiexec_command(3, [sys.executable, "-m", "mpirl.run", *args, "--run-dir",
@@ -190,7 +221,7 @@ def test_sigterm_stops_an_async_run_with_a_snapshot_and_it_resumes(tmp_path):
     while time.monotonic() < deadline and not (progress.is_file()
                                                and progress.read_text().count("\n") >= 3):
         time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGTERM)
+    os.kill(proc.pid if signalled is None else rank_pid(proc.pid, signalled), signal.SIGTERM)
     try:
         out, _ = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
@@ -212,7 +243,7 @@ def test_sigterm_stops_an_async_run_with_a_snapshot_and_it_resumes(tmp_path):
         with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:
             assert f["updates"]["update"][-1] == state["pushes"]
     run_mpi(3, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=240)
-    check_parameter_server_run(run_dir, 3, "async", 12000)
+    check_parameter_server_run(run_dir, 3, mode, 12000)
 
 
 def test_parameter_server_resume_needs_a_complete_generation(tmp_path):

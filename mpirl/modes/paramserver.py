@@ -33,7 +33,8 @@ received, torch's RNG, env and rollout state, episode statistics, its push count
 log position) and, mid ``--update-repeat``, the batch still being used.  It then goes on
 (or, after ``SNAPSHOT_STOP``, stops).  While the snapshot is open the server takes
 pushes from not-yet-flagged workers only; a flagged worker's next push waits in MPI,
-after the cut on both sides.  When every live worker is flagged, the server writes its
+after the cut on both sides (the price: a fast worker may wait up to one rollout of the
+slowest, once per snapshot).  When every live worker is flagged, the server writes its
 own file of generation G (parameters, Adam state, version, env steps, applied/dropped
 counts, pushes taken per worker, the staleness list, the version each worker was last
 sent, its log row count) and the snapshot is closed.  Every push is thus before the cut
