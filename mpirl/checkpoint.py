@@ -1,4 +1,4 @@
-"""Checkpoints of a sync run, and resuming from them (``--resume RUN_DIR``).
+"""Checkpoints, and resuming from them (``--resume RUN_DIR``).
 
 Every ``--checkpoint-every`` rollouts and at the end, each rank writes
 ``RUN_DIR/checkpoints/rankNNNN.pt``: parameters, the whole Adam state, torch's RNG,
@@ -14,6 +14,14 @@ previous checkpoint whole; it holds tensors, numbers and strings only and is rea
 ``--fail`` injections are dropped), loads every rank's checkpoint, cuts each rank's HDF5
 log back to the checkpoint (rows written after it are discarded, so no update appears
 twice) and continues to the same total budget.
+
+Async and quorum runs checkpoint in *generations* (see :mod:`mpirl.modes.paramserver`
+for the snapshot protocol): generation G of rank R is
+``RUN_DIR/checkpoints/gNNNNNN/rankNNNN.pt``, written atomically like the above.  The
+ranks of one generation write at different moments, so a crash can leave the newest
+generation incomplete; the parameter server deletes a generation only once a newer one
+is known to be complete on every rank, and a resume takes the newest generation that
+every rank has (:func:`latest_complete`) and deletes the incomplete ones after it.
 """
 
 from __future__ import annotations
@@ -23,19 +31,58 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
 
 CHECKPOINT_DIR = "checkpoints"
 
 
-def path_for(run_dir: Path, rank: int) -> Path:
-    return Path(run_dir) / CHECKPOINT_DIR / f"rank{rank:04d}.pt"
+def path_for(run_dir: Path, rank: int, generation: int | None = None) -> Path:
+    """Rank ``rank``'s checkpoint file: sync's own, or that of an async/quorum generation."""
+    if generation is None:
+        return Path(run_dir) / CHECKPOINT_DIR / f"rank{rank:04d}.pt"
+    return generation_dir(run_dir, generation) / f"rank{rank:04d}.pt"
 
 
-def save(run_dir: Path, rank: int, state: dict) -> None:
+def generation_dir(run_dir: Path, generation: int) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / f"g{generation:06d}"
+
+
+def generations(run_dir: Path) -> list[int]:
+    """The generations with a directory, oldest first."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name[1:]) for p in root.iterdir()
+                  if p.is_dir() and p.name[:1] == "g" and p.name[1:].isdigit())
+
+
+def complete(run_dir: Path, generation: int, world_size: int) -> bool:
+    """Every rank of a ``world_size`` run wrote its file of ``generation`` (and no other
+    rank did: a generation of a larger run is no checkpoint of this one)."""
+    names = {p.name for p in generation_dir(run_dir, generation).glob("rank*.pt")}
+    return names == {f"rank{r:04d}.pt" for r in range(world_size)}
+
+
+def latest_complete(run_dir: Path, world_size: int) -> int | None:
+    """The newest generation that every one of ``world_size`` ranks has written."""
+    done = [g for g in generations(run_dir) if complete(run_dir, g, world_size)]
+    return done[-1] if done else None
+
+
+def remove_generations(run_dir: Path, keep) -> None:
+    """Delete every generation ``g`` for which ``keep(g)`` is false."""
+    import shutil
+
+    for g in generations(run_dir):
+        if not keep(g):
+            shutil.rmtree(generation_dir(run_dir, g), ignore_errors=True)
+
+
+def save(run_dir: Path, rank: int, state: dict, generation: int | None = None) -> None:
     """Write ``state`` atomically (temporary file, fsync, rename)."""
-    path = path_for(run_dir, rank)
-    path.parent.mkdir(exist_ok=True)
+    import torch
+
+    path = path_for(run_dir, rank, generation)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".pt.tmp")
     with open(tmp, "wb") as f:
         torch.save(state, f)
@@ -44,8 +91,10 @@ def save(run_dir: Path, rank: int, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def load(run_dir: Path, rank: int) -> dict:
-    path = path_for(run_dir, rank)
+def load(run_dir: Path, rank: int, generation: int | None = None) -> dict:
+    import torch
+
+    path = path_for(run_dir, rank, generation)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint {path}: was the run started with "
                                 "--checkpoint-every > 0, and with as many ranks?")

@@ -123,8 +123,9 @@ class Config:
         "the communicator and carry on (sync mode; needs ULFM: Open MPI 5 launched with "
         "--with-ft ulfm, see README)", default="stop")
     checkpoint_every: int = _doc(
-        "sync mode: every rank writes a checkpoint (parameters, Adam state, RNG, env state) "
-        "every this many rollouts and at the end; 0 disables", default=100)
+        "every rank writes a checkpoint (parameters, Adam state, RNG, env state): sync "
+        "every this many rollouts and at the end, async/quorum a snapshot every this many "
+        "server updates; 0 disables (a SIGTERM/SIGINT stop still writes one)", default=100)
     resume: str = _doc(
         "continue the killed or finished run in this run directory from its checkpoints, "
         "to the same total budget (its config.yaml is the base; flags on top)", default="")
@@ -134,10 +135,17 @@ class Config:
         default_factory=list)
 
     def _check_resume(self, world_size: int) -> None:
-        if self.mode != "sync":
-            raise ConfigError(f"resume: mode={self.mode!r}; checkpoints are written by sync "
-                              "runs only (async and quorum cannot be resumed yet)")
         ckpt = Path(self.resume) / "checkpoints"
+        if self.mode != "sync":
+            from .checkpoint import generations, latest_complete
+
+            if latest_complete(self.resume, world_size) is None:
+                have = generations(self.resume)
+                raise ConfigError(
+                    f"resume={self.resume!r}: no checkpoint generation that all "
+                    f"{world_size} ranks wrote (found generations {have or 'none'} in "
+                    f"{ckpt}); resume with the rank count the run was started with")
+            return
         missing = [r for r in range(world_size) if not (ckpt / f"rank{r:04d}.pt").is_file()]
         if missing:
             have = sorted(p.name for p in ckpt.glob("rank*.pt")) if ckpt.is_dir() else []

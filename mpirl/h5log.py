@@ -82,7 +82,8 @@ PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optim
           "other_s")
 
 EPISODE_DTYPE = np.dtype([
-    ("update", "i8"),          # the rank's update counter when the episode ended
+    ("update", "i8"),          # the update (sync) or push (async/quorum worker) whose
+                               # rollout the episode ended in
     ("t_s", "f8"),
     ("return", "f8"),
     ("length", "i8"),
@@ -167,13 +168,16 @@ class RankLog:
     """This rank's ``rankNNNN.h5``; ``new_update()`` / ``episode()`` add rows."""
 
     def __init__(self, run_dir: Path, rank: int, role: str, flush_every: int,
-                 resume_update: int | None = None) -> None:
+                 resume_update: int | None = None, resume_rows: int | None = None) -> None:
         """``resume_update``: continue an existing log, keeping only its rows up to that
-        update (those after the checkpoint are re-done by the resumed run)."""
+        update (those after the checkpoint are re-done by the resumed run);
+        ``resume_rows``: keep only the first that many ``updates`` rows (a parameter
+        server's rows are per push received, several may share a version)."""
         self.path = Path(run_dir) / f"rank{rank:04d}.h5"
         kept, start_unix = {}, time.time()
-        if resume_update is not None and self.path.is_file():
-            kept, start_unix = _rows_until(self.path, resume_update)
+        resuming = resume_update is not None or resume_rows is not None
+        if resuming and self.path.is_file():
+            kept, start_unix = _rows_until(self.path, resume_update, resume_rows)
         # t_s columns keep counting from the first start, across resumes
         self.start = time.perf_counter() - (time.time() - start_unix)
         tmp = self.path.with_suffix(".h5.tmp")
@@ -251,14 +255,20 @@ class RankLog:
             self.file.close()
 
 
-def _rows_until(path: Path, update: int) -> tuple[dict, float]:
-    """Rows of a rank log (also one left by a crash) with ``update <= update``."""
+def _rows_until(path: Path, update: int | None, count: int | None = None
+                ) -> tuple[dict, float]:
+    """Rows of a rank log (also one left by a crash) with ``update <= update`` (any
+    update when None); of ``updates``, at most the first ``count`` rows of those."""
     with h5py.File(path, "r", libver="latest", swmr=True) as f:
         start = float(f.attrs["start_unix_s"])
         out = {}
         for name, dtype in TABLES:
             rows = f[name][...] if name in f else np.zeros(0, dtype)
-            out[name] = rows[rows["update"] <= update].astype(dtype)
+            if update is not None:
+                rows = rows[rows["update"] <= update]
+            if name == "updates" and count is not None:
+                rows = rows[:count]
+            out[name] = rows.astype(dtype)
     return out, start
 
 

@@ -1,5 +1,7 @@
-"""Checkpoints and --resume (sync): a killed run continues to the same parameters, its
-log continues in place with no update twice or missing; SIGTERM checkpoints and stops."""
+"""Checkpoints and --resume.  sync: a killed run continues to the same parameters, its
+log continues in place with no update twice or missing; SIGTERM checkpoints and stops.
+async/quorum: a killed run (a worker or the server dies) resumes from the newest
+complete snapshot generation and completes its budget with every push counted once."""
 
 from __future__ import annotations
 
@@ -9,10 +11,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
+import torch
 
+from mpirl import checkpoint
+from mpirl.config import Config
 from mpirl.launch import mpi_env, mpiexec_command
 from mpirun import ROOT, run_mpi
 
@@ -84,3 +91,169 @@ def test_resume_is_refused_where_it_cannot_work(tmp_path):
     result = run_mpi(3, ["-m", "mpirl.run", "--resume", str(tmp_path / "two")], timeout_s=60,
                      check=False)
     assert result.returncode == 2 and "no checkpoint for ranks [2]" in result.output
+
+
+# -- async / quorum --------------------------------------------------------------------------
+PS_RUN = ["--topology", "star", "--total-steps", "3000", "--num-envs", "2",
+          "--rollout-steps", "8", "--log-flush-every", "2", "--log-every", "5"]
+
+
+def rows(path, table="updates"):
+    with h5py.File(path, "r", libver="latest", swmr=True) as f:   # also a crashed file
+        return f[table][...]
+
+
+def check_parameter_server_run(run_dir, nranks, mode, total_steps):
+    """The finished run: budget spent, sent == applied + dropped, and every rank's log
+    holds each of its rows exactly once."""
+    s = summary(run_dir)
+    assert s["env_steps"] >= total_steps
+    assert s["gradients_sent"] == s["gradients_applied"] + s["gradients_dropped"]
+    pushes = 0
+    for r in range(1, nranks):
+        with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:     # closed cleanly
+            u, episodes = f["updates"][...], f["episodes"]["update"]
+        # a worker's rows are its pushes 1..P, none twice, none missing, on one clock
+        assert list(u["update"]) == list(range(1, len(u) + 1))
+        assert np.all(np.diff(u["t_s"]) > 0)
+        assert np.all(np.diff(episodes) >= 0) and episodes[-1] <= len(u)
+        pushes += len(u)
+    assert pushes == s["gradients_sent"]
+    with h5py.File(run_dir / "rank0000.h5", "r") as f:
+        u = f["updates"][...]
+    # the server: one row per push taken, each once; versions never go back
+    assert len(u) == s["gradients_sent"]
+    assert int((u["dropped"] == 0).sum()) == s["gradients_applied"]
+    assert np.all(np.diff(u["update"]) >= 0) and u["update"][-1] == s["updates"]
+    assert np.all(np.diff(u["t_s"]) > 0)
+    if mode == "async":      # one step per applied push: versions 1..updates, each once
+        assert s["gradients_applied"] == s["updates"]
+        assert sorted(u["update"][u["dropped"] == 0]) == list(range(1, s["updates"] + 1))
+    else:                    # every round's step closes with the push that completed it
+        assert set(range(1, s["updates"] + 1)) <= set(u["update"].tolist())
+    assert len(np.load(run_dir / "staleness.npy")) == s["gradients_applied"]
+    return s
+
+
+@pytest.mark.parametrize("mode, nranks, every, fail", [
+    ("async", 3, 25, "1@31:exit"),                         # a worker dies
+    ("quorum", 4, 10, "0@40:exit"),                        # the server dies
+])
+def test_killed_parameter_server_run_resumes_with_every_push_counted_once(
+        tmp_path, mode, nranks, every, fail):
+    run_dir = tmp_path / "cut"
+    args = ["-m", "mpirl.run", "--mode", mode, *PS_RUN, "--checkpoint-every", str(every)]
+    if mode == "quorum":
+        args += ["--quorum", "2"]
+    killed = run_mpi(nranks, [*args, "--run-dir", str(tmp_path), "--run-name", "cut",
+                              "--fail", fail], timeout_s=180, check=False)
+    assert killed.returncode != 0 and not (run_dir / "summary.json").exists(), killed.tail()
+    generation = checkpoint.latest_complete(run_dir, nranks)
+    assert generation is not None and generation >= 2, checkpoint.generations(run_dir)
+    server = torch.load(checkpoint.path_for(run_dir, 0, generation), weights_only=True)
+    assert server["generation"] == generation
+    states = {r: torch.load(checkpoint.path_for(run_dir, r, generation), weights_only=True)
+              for r in range(1, nranks)}
+    before = {r: rows(run_dir / f"rank{r:04d}.h5") for r in range(nranks)}
+    episodes_before = {r: rows(run_dir / f"rank{r:04d}.h5", "episodes")
+                       for r in range(1, nranks)}
+    assert len(before[0]) > server["rows"]      # the log has rows after the cut to undo
+    resumed = run_mpi(nranks, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=180)
+    assert "injected failure" not in resumed.output
+    s = check_parameter_server_run(run_dir, nranks, mode, 3000)
+    assert s["snapshots"] > server["snapshots"]
+    # the logs were continued in place: the rows up to the cut are the killed run's own,
+    # and so are each worker's episodes up to its checkpoint (none added, none lost)
+    after = rows(run_dir / "rank0000.h5")
+    assert np.array_equal(after[:server["rows"]], before[0][:server["rows"]])
+    for r, state in states.items():
+        cut = state["pushes"]
+        assert server["received"][r] == cut      # the cut is consistent
+        assert np.array_equal(rows(run_dir / f"rank{r:04d}.h5")[:cut], before[r][:cut])
+        episodes, old = rows(run_dir / f"rank{r:04d}.h5", "episodes"), episodes_before[r]
+        assert np.array_equal(episodes[episodes["update"] <= cut], old[old["update"] <= cut])
+    # only the newest complete generations are kept
+    assert len(checkpoint.generations(run_dir)) <= 2
+
+
+def rank_pid(launcher_pid: int, rank: int) -> int:
+    """The process id of ``rank`` among the launcher's descendants (Linux /proc; hydra
+    gives every rank PMI_RANK)."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    for pid in parent:
+        ancestor = parent.get(pid)
+        while ancestor and ancestor != launcher_pid:
+            ancestor = parent.get(ancestor)
+        if ancestor == launcher_pid:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"PMI_RANK={rank}".encode() in environ and b"mpirl.run" in cmdline:
+                return pid
+    raise AssertionError(f"no process of rank {rank} under {launcher_pid}")
+
+
+# async: the launcher forwards SIGTERM to every rank; quorum: only worker 2 gets it and
+# must tell the server in its next push
+@pytest.mark.parametrize("mode, signalled", [("async", None), ("quorum", 2)])
+def test_sigterm_stops_a_parameter_server_run_with_a_snapshot_and_it_resumes(
+        tmp_path, mode, signalled):
+    args = ["--mode", mode, "--topology", "star", "--total-steps", "12000",
+            "--num-envs", "2", "--rollout-steps", "8", "--checkpoint-every", "1000",
+            "--log-every", "5"]
+    cmd = mpiexec_command(3, [sys.executable, "-m", "mpirl.run", *args, "--run-dir",
+                              str(tmp_path), "--run-name", "t"])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    run_dir = tmp_path / "t"
+    progress = run_dir / "progress.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (progress.is_file()
+                                               and progress.read_text().count("\n") >= 3):
+        time.sleep(0.2)
+    os.kill(proc.pid if signalled is None else rank_pid(proc.pid, signalled), signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the run did not stop within 60 s of SIGTERM") from None
+    assert proc.returncode == 143, out[-2000:]
+    assert "stopped by a signal after update" in out and "--resume" in out
+    stopped_at = int(out.split("stopped by a signal after update ")[1].split(";")[0])
+    assert 0 < stopped_at < 700
+    # one snapshot (the stop's), written by every rank; logs closed at its cut
+    assert checkpoint.generations(run_dir) == [1] and checkpoint.complete(run_dir, 1, 3)
+    server = torch.load(checkpoint.path_for(run_dir, 0, 1), weights_only=True)
+    assert server["version"] == stopped_at
+    with h5py.File(run_dir / "rank0000.h5", "r") as f:
+        assert len(f["updates"]) == server["rows"]
+    for r in (1, 2):
+        state = torch.load(checkpoint.path_for(run_dir, r, 1), weights_only=True)
+        assert server["received"][r] == state["pushes"]
+        with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:
+            assert f["updates"]["update"][-1] == state["pushes"]
+    run_mpi(3, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=240)
+    check_parameter_server_run(run_dir, 3, mode, 12000)
+
+
+def test_parameter_server_resume_needs_a_complete_generation(tmp_path):
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints" / "g000001").mkdir(parents=True)
+    Config.from_dict({"mode": "async", "topology": "star"}).save(run_dir / "config.yaml")
+    for r in (0, 1):      # rank 2's file is missing: generation 1 is incomplete
+        (run_dir / "checkpoints" / "g000001" / f"rank{r:04d}.pt").write_bytes(b"")
+    result = run_mpi(3, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=60,
+                     check=False)
+    assert result.returncode == 2, result.tail()
+    assert "no checkpoint generation that all 3 ranks wrote (found generations [1]" \
+        in result.output

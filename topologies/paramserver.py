@@ -15,6 +15,10 @@ Protocol (all messages are the flat buffers themselves; no headers, no pickling)
   receives pre-posted.
 * server -> worker, tag ``PARAMS``: one buffer of ``count`` elements, the reply to that
   worker's last push; or tag ``STOP``: a 0-element message that ends the worker's loop.
+  Two more reply tags carry the same buffer plus an instruction for the caller (the
+  checkpoint snapshot of :mod:`mpirl.modes.paramserver`): ``SNAPSHOT`` (save a
+  checkpoint now, then go on) and ``SNAPSHOT_STOP`` (save a checkpoint, then stop: no
+  further push); :attr:`ParameterServer.snapshot` tells the worker which one came.
 * A worker has at most one push outstanding (it waits for the reply before it pushes
   again), so the server keeps one pre-posted receive per worker and the version of
   the parameters each worker last received tells it how stale that worker's next push is.
@@ -22,6 +26,8 @@ Protocol (all messages are the flat buffers themselves; no headers, no pickling)
 The server's pre-posted receives mean a push is taken off the wire as soon as it
 arrives, whatever the server is doing; ``wait_push`` returns pushes in arrival order
 (``MPI_Waitany``) with a deadline, so a silent worker is reported, never waited on forever.
+``wait_push(only=...)`` takes pushes from some workers alone; the others' pushes stay
+where MPI put them until a later ``wait_push`` takes them.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ TAG_PUSH = 51
 TAG_PARAMS = 52
 TAG_STOP = 53
 TAG_META = 54
+TAG_SNAPSHOT = 55          # parameters + "save a checkpoint, then go on"
+TAG_SNAPSHOT_STOP = 56     # parameters + "save a checkpoint, then stop"
+_PARAM_TAGS = (TAG_PARAMS, TAG_SNAPSHOT, TAG_SNAPSHOT_STOP)
 
 
 class DeadlineExceeded(TimeoutError):
@@ -69,6 +78,8 @@ class ParameterServer:
         self._meta_reqs: list[MPI.Request] = []
         self._send_reqs: dict[int, MPI.Request] = {}
         self._push_reqs: list[MPI.Request] = []
+        #: worker side: the last reply asked for a checkpoint (SNAPSHOT or SNAPSHOT_STOP)
+        self.snapshot = False
 
     # -- worker side ------------------------------------------------------------------------
     def push(self, buf: np.ndarray, meta: np.ndarray | None = None) -> None:
@@ -86,22 +97,26 @@ class ParameterServer:
         self.stats.bytes_sent += meta.nbytes + flat.nbytes
 
     def pull(self, buf: np.ndarray, *, timeout_s: float | None = None) -> bool:
-        """Wait for the server's reply into ``buf``: True with fresh data, False on STOP."""
+        """Wait for the server's reply into ``buf``: True with fresh data, False on STOP
+        or SNAPSHOT_STOP (the latter with fresh data).  Sets :attr:`snapshot`."""
         flat = check_buffer(buf)
         status = MPI.Status()
         _wait_until(lambda: self.comm.Iprobe(self.root, MPI.ANY_TAG, status), timeout_s,
                     f"worker {self.rank}: no reply from the parameter server", self.stats)
-        if status.Get_tag() == TAG_STOP:
+        tag = status.Get_tag()
+        if tag == TAG_STOP:
             self.comm.Recv([flat[:0], MPI_DTYPES[flat.dtype]], self.root, TAG_STOP)
-            stopped = True
         else:
+            if tag not in _PARAM_TAGS:
+                raise TopologyError(f"worker {self.rank}: unexpected tag {tag} from the server")
             got = status.Get_count(MPI_DTYPES[flat.dtype])
             if got != flat.size:
                 raise BufferMismatchError(
                     f"worker {self.rank}: server sent {got} elements, buffer holds {flat.size}")
-            self.comm.Recv([flat, MPI_DTYPES[flat.dtype]], self.root, TAG_PARAMS)
+            self.comm.Recv([flat, MPI_DTYPES[flat.dtype]], self.root, tag)
             self.stats.bytes_recv += flat.nbytes
-            stopped = False
+        self.snapshot = tag in (TAG_SNAPSHOT, TAG_SNAPSHOT_STOP)
+        stopped = tag in (TAG_STOP, TAG_SNAPSHOT_STOP)
         MPI.Request.Waitall(self._push_reqs)   # received long ago: this only frees them
         self._push_reqs = []
         return not stopped
@@ -119,12 +134,17 @@ class ParameterServer:
         for w in self.workers:
             self._post(w)
 
-    def wait_push(self, *, timeout_s: float | None = None
+    def wait_push(self, *, timeout_s: float | None = None, only=None
                   ) -> tuple[int, np.ndarray, np.ndarray]:
         """The next push to arrive: ``(worker, buffer, meta)``; both arrays are valid until
-        :meth:`reply` or :meth:`stop` is called for that worker."""
+        :meth:`reply` or :meth:`stop` is called for that worker.  ``only``: take pushes
+        from these workers alone (the others' stay queued for a later call)."""
         status = MPI.Status()
-        index = _wait_until(lambda: _testany(self._recv_reqs, status), timeout_s,
+        reqs = self._recv_reqs
+        if only is not None:
+            reqs = [r if w in only else MPI.REQUEST_NULL
+                    for w, r in zip(self.workers, reqs, strict=True)]
+        index = _wait_until(lambda: _testany(reqs, status), timeout_s,
                             "parameter server: no worker pushed", self.stats)
         worker = self.workers[index]
         buf = self._recv_bufs[worker]
@@ -138,21 +158,24 @@ class ParameterServer:
         self.stats.bytes_recv += buf.nbytes + self._meta_bufs[worker].nbytes
         return worker, buf, self._meta_bufs[worker]
 
-    def reply(self, worker: int, params: np.ndarray) -> None:
-        """Send a copy of ``params`` to ``worker`` and re-arm the receive for its next push.
+    def reply(self, worker: int, params: np.ndarray, *, tag: int = TAG_PARAMS) -> None:
+        """Send a copy of ``params`` to ``worker`` and re-arm the receive for its next push
+        (none after ``tag=TAG_SNAPSHOT_STOP``, the worker's last reply).
 
         The copy (one per reply, into this worker's own send buffer) is what lets the
         server go on updating ``params`` while the send is still in flight."""
+        if tag not in _PARAM_TAGS:
+            raise TopologyError(f"reply tag {tag}; allowed: {_PARAM_TAGS}")
         flat = check_buffer(params)
         self._finish_send(worker)
-        snapshot = self._send_bufs[worker]
-        np.copyto(snapshot, flat)
-        self._send_reqs[worker] = self.comm.Isend([snapshot, MPI_DTYPES[snapshot.dtype]],
-                                                  worker, TAG_PARAMS)
+        copy = self._send_bufs[worker]
+        np.copyto(copy, flat)
+        self._send_reqs[worker] = self.comm.Isend([copy, MPI_DTYPES[copy.dtype]], worker, tag)
         self.stats.calls += 1
         self.stats.messages_sent += 1
-        self.stats.bytes_sent += snapshot.nbytes
-        if self._recv_reqs[self.workers.index(worker)] == MPI.REQUEST_NULL:
+        self.stats.bytes_sent += copy.nbytes
+        if tag != TAG_SNAPSHOT_STOP and \
+                self._recv_reqs[self.workers.index(worker)] == MPI.REQUEST_NULL:
             self._post(worker)      # its last push was taken: listen for the next one
 
     def stop(self, worker: int) -> None:

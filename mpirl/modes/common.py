@@ -41,6 +41,9 @@ class Summary:
     updates_skipped: int = 0                # non-finite gradients skipped (--nan-policy skip)
     ranks_failed: list = field(default_factory=list)   # launch ranks lost, run went on
     writer_rank: int = 0                    # launch rank that wrote this (lowest survivor)
+    snapshots: int = 0                      # async/quorum: checkpoint snapshots completed
+    snapshot_s: float = 0.0                 # the server's seconds in them (first flag to
+                                            # its own checkpoint written), summed
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -125,16 +128,18 @@ class RunLogger:
     previous row cost to log (``log_s``), so the overhead is in the data."""
 
     def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str,
-                 resume_update: int | None = None) -> None:
+                 resume_update: int | None = None, resume_rows: int | None = None) -> None:
         hosts = comm.allgather(socket.gethostname())
         cores = comm.allgather(cpu_count())
-        if comm.Get_rank() == 0 and resume_update is None:
+        resuming = resume_update is not None or resume_rows is not None
+        if comm.Get_rank() == 0 and not resuming:
             write_run_file(run_dir, config=cfg.to_dict(), world_size=comm.Get_size(),
                            hostnames=hosts, cores=cores, version=__version__,
                            mpi_library=mpi_library())
         self.run_dir = run_dir
         self.rank = comm.Get_rank()
-        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update)
+        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update,
+                           resume_rows)
         self._log_s = 0.0
         self.update_start = self.exchange_start = 0.0
 
