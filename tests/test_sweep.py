@@ -230,6 +230,25 @@ def test_sync_checkpoints_of_different_updates_are_not_a_set(tiny_sweep, tmp_pat
     assert checkpoint.check_set(run_dir, 2, same_update=False) == update
 
 
+def test_a_mode_that_cannot_resume_restarts_saying_so(tiny_sweep, tmp_path):
+    """Checkpoint files in an async point's directory: as long as mpirl.run refuses to
+    resume async runs, the sweep restarts the point with mpirl.run's own reason (once
+    async can resume, these files, of a 2-rank sync run, are refused as not its own)."""
+    shutil.copytree(tiny_sweep, tmp_path / "tiny")
+    run_dir = tmp_path / "tiny" / ASYNC
+    (run_dir / "summary.json").unlink()
+    (run_dir / "checkpoints").mkdir()
+    for r in range(3):
+        shutil.copy(tiny_sweep / "native-sync-2r-s1" / "checkpoints" / "rank0000.pt",
+                    run_dir / "checkpoints" / f"rank{r:04d}.pt")
+    point = sweep.load(write(tmp_path, TINY_SWEEP)).points[-1]
+    plan = sweep.plan_point(point, tmp_path / "tiny")
+    assert plan.action == "restart", plan
+    assert plan.why.startswith("cannot resume: ") and (
+        "resume: mode='async'" in plan.why or "was written by a run of 2 ranks, not 3"
+        in plan.why), plan.why
+
+
 def test_a_point_past_its_time_limit_is_killed_named_and_exit_1(tmp_path):
     definition = {"name": "slow", "config": {**TINY, "total_steps": 64},
                   "grid": {"ranks": [2], "topology": ["native"]}, "timeout_s": 0.5}
