@@ -101,6 +101,46 @@ def load(run_dir: Path, rank: int, generation: int | None = None) -> dict:
     return torch.load(path, weights_only=True)
 
 
+class UnusableCheckpoints(ValueError):
+    """A run directory's checkpoints cannot continue the run; the message says why."""
+
+
+def check_set(run_dir: Path, world_size: int, *, same_update: bool) -> int | None:
+    """The update a resume of ``run_dir`` at ``world_size`` ranks continues from (None
+    when the checkpoints do not record one), after loading every rank's checkpoint.
+
+    ``--resume`` itself only looks for a file per rank; a launcher deciding on its own
+    to resume (``mpirl.sweep``) must also know that the files are whole and belong
+    together, or it would start a job that fails or, worse, continues from a mix.
+    Raises :class:`UnusableCheckpoints` naming the first problem: a rank's checkpoint
+    missing or unreadable (truncated, not a checkpoint), one written by a run with a
+    different rank count (or recording none), or, with ``same_update`` (sync, where
+    all ranks stop at the same update), ranks at different updates: a job killed while
+    its ranks were writing, whose replicas would resume apart."""
+    updates = []
+    for rank in range(world_size):
+        path = path_for(run_dir, rank)
+        if not path.is_file():
+            raise UnusableCheckpoints(f"no checkpoint for rank {rank} ({path.name})")
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as err:          # truncated, garbage, or not torch's format
+            reason = (str(err).strip().splitlines() or [""])[0][:120]
+            raise UnusableCheckpoints(f"{path.name} cannot be read "
+                                      f"({type(err).__name__}: {reason})") from None
+        recorded = state.get("world_size") if isinstance(state, dict) else None
+        if recorded is None:
+            raise UnusableCheckpoints(f"{path.name} records no world size")
+        if recorded != world_size:
+            raise UnusableCheckpoints(f"{path.name} was written by a run of {recorded} "
+                                      f"ranks, not {world_size}")
+        updates.append(state.get("update"))
+    if same_update and len(set(updates)) > 1:
+        at = ", ".join(f"rank {r}: {u}" for r, u in enumerate(updates))
+        raise UnusableCheckpoints(f"the ranks' checkpoints are of different updates ({at})")
+    return updates[0] if isinstance(updates[0], int) else None
+
+
 # -- environment state ------------------------------------------------------------------------
 def env_state(envs) -> str | None:
     """The dynamic state of every sub-env as JSON, or None when it cannot be captured."""

@@ -284,6 +284,14 @@ class Config:
         return self
 
 
+def config_differences(mine: dict, reference: dict) -> list[str]:
+    """``field=mine vs reference`` for every field in which two configurations (as
+    :meth:`Config.to_dict` gives them) differ, sorted by field: how a refusal names
+    what to fix (ranks launched differently, a run directory resumed by a sweep)."""
+    return [f"{key}={mine.get(key)!r} vs {reference.get(key)!r}"
+            for key in sorted(set(mine) | set(reference)) if mine.get(key) != reference.get(key)]
+
+
 def parse_stragglers(specs: list) -> dict[int, float]:
     """``["1:3", "2:1.5"]`` -> ``{1: 3.0, 2: 1.5}``; malformed entries raise ConfigError."""
     out: dict[int, float] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .config import ConfigError, build_parser, parse_args
+from .config import ConfigError, build_parser, config_differences, parse_args
 from .launch import abort_job, apply_mpi_defaults
 
 apply_mpi_defaults()            # MPICH reads its settings when MPI starts: before the import
@@ -33,9 +33,8 @@ def agree_on_config(comm, cfg, error: str | None) -> str | None:
         return None
     configs = comm.allgather(cfg.to_dict())
     odd = [r for r, c in enumerate(configs) if c != configs[0]]
-    fields = sorted({k for r in odd for k in configs[0] if configs[r].get(k) != configs[0][k]})
     first = odd[0]
-    detail = ", ".join(f"{k}={configs[first][k]!r} vs {configs[0][k]!r}" for k in fields[:4])
+    detail = ", ".join(config_differences(configs[first], configs[0])[:4])
     return (f"ranks {odd} were launched with a configuration different from rank 0's "
             f"(rank {first}: {detail}); every rank must run the same configuration")
 

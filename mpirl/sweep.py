@@ -27,8 +27,11 @@ Each point is one run directory ``<sweep>/<point>/`` named after its values
 (``tree-sync-4r-s1``, plus ``-key_value`` for any other grid key), written by
 ``mpirl.run`` itself.  A point is *done* when its ``summary.json`` exists; running the
 sweep again skips done points, so a sweep interrupted anywhere resumes where it stopped.
-A point directory without ``summary.json`` (a crashed or killed run) is moved to
-``<sweep>/incomplete/<point>-<time>/`` before the point runs again: nothing is deleted.
+A point directory without ``summary.json`` (a crashed or killed run) whose checkpoints
+can continue it (one per rank, the point's rank count and configuration, all readable)
+is resumed with ``mpirl.run --resume``; any other is moved to
+``<sweep>/incomplete/<point>-<time>/`` (one line says why) before the point runs again
+from scratch: nothing is deleted.  ``--dry-run`` shows which points would resume.
 
 Every point is validated before the first one starts; a bad value stops the sweep at
 once with the point and field named.
@@ -54,6 +57,9 @@ import yaml
 from .config import Config, ConfigError, load_yaml
 from .launch import mpi_env, mpiexec_command
 
+#: fields in which a point and its run directory's config.yaml may differ and still be the
+#: same run: where it is written (set per launch) and injected failures (--resume drops them)
+RESUME_IGNORED = ("run_dir", "run_name", "resume", "fail")
 TOP_KEYS = {"name", "description", "config", "grid", "timeout_s", "slurm"}
 SLURM_KEYS = {"time", "nodes", "partition", "launcher", "srun_mpi", "sbatch"}
 SLURM_LAUNCHERS = ("mpirun", "srun")
@@ -78,6 +84,26 @@ class Point:
 
     def done(self, sweep_dir: Path) -> bool:
         return (self.run_dir(sweep_dir) / "summary.json").is_file()
+
+
+@dataclass
+class Plan:
+    """What a launcher does with a point (see :func:`plan_point`).
+
+    ``action``: ``done`` (it has a summary.json), ``fresh`` (no run directory yet),
+    ``resume`` (``mpirl.run --resume`` from ``update``) or ``restart`` (its unfinished
+    run directory goes to ``incomplete/`` first; ``why`` says why it is not resumed)."""
+
+    action: str
+    update: int | None = None
+    why: str = ""
+
+    def describe(self) -> str:
+        if self.action == "resume":
+            return f"resume from update {'?' if self.update is None else self.update}"
+        if self.action == "restart":
+            return f"restart ({self.why})"
+        return "done" if self.action == "done" else "to run"
 
 
 @dataclass
@@ -182,6 +208,49 @@ def prepare(sweep: Sweep, sweep_dir: Path) -> list[Point]:
     return todo
 
 
+def plan_point(point: Point, sweep_dir: Path) -> Plan:
+    """Done, fresh, resume or restart: an unfinished run directory is resumed only when
+    :func:`resume_update` finds nothing against it; every other reason to restart is
+    returned in ``Plan.why``."""
+    run_dir = point.run_dir(sweep_dir)
+    if point.done(sweep_dir):
+        return Plan("done")
+    if not run_dir.exists():
+        return Plan("fresh")
+    if not any((run_dir / "checkpoints").glob("rank*.pt")):
+        return Plan("restart", why="no checkpoints to resume from")
+    from .checkpoint import UnusableCheckpoints    # torch: only once there is one to read
+
+    try:
+        return Plan("resume", update=resume_update(point, run_dir))
+    except (ConfigError, UnusableCheckpoints) as err:
+        return Plan("restart", why=f"cannot resume: {err}")
+
+
+def resume_update(point: Point, run_dir: Path) -> int | None:
+    """The update ``mpirl.run --resume RUN_DIR`` would continue ``point`` from; raises
+    ConfigError or UnusableCheckpoints when the run directory must not be resumed.
+
+    mpirl.run's own checks come first, unchanged: the configuration is built as
+    ``--resume`` builds it (from the run directory's config.yaml) and validated at the
+    point's rank count, which refuses a mode that cannot resume and a rank without a
+    checkpoint.  A launcher that resumes on its own must also make sure that this is
+    the point's run (not one of a sweep definition edited since: that would continue
+    the old run under the new point's name) and that the checkpoints are whole and
+    belong together (:func:`mpirl.checkpoint.check_set`), or the job it starts would
+    fail or continue from a mix of runs."""
+    from .checkpoint import check_set
+    from .config import config_differences, parse_args
+
+    cfg = parse_args(["--resume", str(run_dir)]).validate(point.ranks)
+    differ = config_differences(
+        {k: v for k, v in cfg.to_dict().items() if k not in RESUME_IGNORED},
+        {k: v for k, v in point.config.items() if k not in RESUME_IGNORED})
+    if differ:
+        raise ConfigError(f"its config.yaml differs from the point's ({', '.join(differ[:4])})")
+    return check_set(run_dir, point.ranks, same_update=cfg.mode == "sync")
+
+
 def set_aside_incomplete(point: Point, sweep_dir: Path) -> Path | None:
     """Move a point's unfinished run directory under ``incomplete/``; return where to."""
     run_dir = point.run_dir(sweep_dir)
@@ -199,21 +268,40 @@ def run_argv(point: Point, sweep_dir: Path) -> list[str]:
             "--run-dir", str(sweep_dir), "--run-name", point.name]
 
 
+def resume_argv(point: Point, sweep_dir: Path) -> list[str]:
+    """The ``python -m mpirl.run ...`` part of a resumed point's command line: the run
+    directory's own config.yaml, which :func:`resume_update` checked is the point's."""
+    return ["-m", "mpirl.run", "--resume", str(point.run_dir(sweep_dir))]
+
+
 # -- local launcher ----------------------------------------------------------------------------
-def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point]) -> list[str]:
-    """Run the points one after another through mpiexec; return the names that failed."""
+def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point],
+              plans: dict[str, Plan]) -> list[str]:
+    """Run the points one after another through mpiexec, resuming or restarting each as
+    ``plans`` says; return the names that failed."""
     failed = []
+    resumed = 0
     env = mpi_env({"PYTHONPATH": os.pathsep.join(filter(None, [str(_project_root()),
                                                                os.environ.get("PYTHONPATH")]))})
     for i, point in enumerate(todo, 1):
-        moved = set_aside_incomplete(point, sweep_dir)
-        if moved:
-            print(f"sweep: {point.name}: unfinished earlier run kept in {moved}", flush=True)
-        cmd = mpiexec_command(point.ranks, [sys.executable, *run_argv(point, sweep_dir)])
+        plan = plans[point.name]
         log = sweep_dir / "logs" / f"{point.name}.out"
-        print(f"sweep: [{i}/{len(todo)}] {point.name} ... ", end="", flush=True)
+        if plan.action == "resume":
+            argv, log_mode, resumed = resume_argv(point, sweep_dir), "a", resumed + 1
+        else:
+            argv, log_mode = run_argv(point, sweep_dir), "w"
+            moved = set_aside_incomplete(point, sweep_dir)
+            if moved:
+                print(f"sweep: {point.name}: not resumed, {plan.why}; restarting from scratch "
+                      f"(unfinished earlier run kept in {moved})", flush=True)
+        cmd = mpiexec_command(point.ranks, [sys.executable, *argv])
+        what = f" ({plan.describe()})" if plan.action == "resume" else ""
+        print(f"sweep: [{i}/{len(todo)}] {point.name}{what} ... ", end="", flush=True)
         started = time.monotonic()
-        with open(log, "w") as out:
+        with open(log, log_mode) as out:
+            if plan.action == "resume":       # the interrupted attempt's output stays above
+                out.write(f"\nsweep: {plan.describe()}: {shlex.join(argv)}\n")
+                out.flush()
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
             try:
@@ -230,6 +318,8 @@ def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point]) -> list[str]:
                 else f"exit {code}"
             print(f"FAILED ({why}; see {log})", flush=True)
             failed.append(point.name)
+    print(f"sweep: {len(todo)} point(s) run, {resumed} of them resumed from checkpoints, "
+          f"{len(failed)} failed", flush=True)
     return failed
 
 
@@ -238,10 +328,17 @@ def _project_root() -> Path:
 
 
 # -- Slurm launcher ----------------------------------------------------------------------------
-def sbatch_script(point: Point, sweep: Sweep, sweep_dir: Path) -> str:
-    """A batch script that runs one point under its own allocation."""
+def sbatch_script(point: Point, sweep: Sweep, sweep_dir: Path, plan: Plan) -> str:
+    """A batch script that runs one point under its own allocation.
+
+    Whether the point is done, resumes or starts afresh is decided again when the job
+    starts (``--prepare-point``), not only when the script is written: a job requeued
+    or resubmitted after Slurm's time limit stopped it (SIGTERM: every rank writes its
+    checkpoint) then continues from that checkpoint.  ``plan`` is what was decided now,
+    noted in the script."""
     s = sweep.slurm
     python = sys.executable
+    sweep_dir = sweep_dir.absolute()          # the script runs from the project's root
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={job_name(sweep, point)}",
              f"#SBATCH --nodes={s.get('nodes', 1)}",
@@ -251,23 +348,31 @@ def sbatch_script(point: Point, sweep: Sweep, sweep_dir: Path) -> str:
     if s.get("partition"):
         lines.append(f"#SBATCH --partition={s['partition']}")
     lines += [f"#SBATCH {extra}" for extra in s.get("sbatch", [])]
-    argv = " ".join(shlex.quote(a) for a in run_argv(point, sweep_dir))
+    fresh = shlex.join(run_argv(point, sweep_dir)[2:])
+    resume = shlex.join(resume_argv(point, sweep_dir)[2:])
     if s.get("launcher", "mpirun") == "srun":
-        launch = f"srun --mpi={s.get('srun_mpi', 'pmi2')} -n \"$SLURM_NTASKS\" {python} {argv}"
+        launch = f"srun --mpi={s.get('srun_mpi', 'pmi2')} -n \"$SLURM_NTASKS\""
     else:
-        mpiexec = shlex.quote(mpiexec_command(1, [])[0])
-        launch = f"{mpiexec} -n \"$SLURM_NTASKS\" {python} {argv}"
-    run_dir = shlex.quote(str(point.run_dir(sweep_dir)))
-    incomplete = shlex.quote(str(sweep_dir / "incomplete"))
+        launch = f"{shlex.quote(mpiexec_command(1, [])[0])} -n \"$SLURM_NTASKS\""
+    prepare = shlex.join([python, "-m", "mpirl.sweep", str(sweep_dir / "sweep.yaml"),
+                          "--out", str(sweep_dir.parent), "--prepare-point", point.name])
     lines += [
         "# written by python -m mpirl.sweep; rerunning the sweep rewrites it",
+        f"# when written: {plan.describe()}",
         "set -euo pipefail",
         f"cd {shlex.quote(str(_project_root()))}",
         f"export PYTHONPATH={shlex.quote(str(_project_root()))}${{PYTHONPATH:+:$PYTHONPATH}}",
-        f"if [ -f {run_dir}/summary.json ]; then echo 'already done'; exit 0; fi",
-        f"if [ -e {run_dir} ]; then mkdir -p {incomplete}; "
-        f"mv {run_dir} {incomplete}/{point.name}-$(date +%Y%m%d-%H%M%S); fi",
-        launch,
+        "# done, resume or fresh, decided as the job starts (an unusable earlier run is moved",
+        "# to incomplete/ and the line why is in this job's output): a requeued job resumes",
+        f"action=$({prepare})",
+        'case "$action" in',
+        "    done) echo 'already done'; exit 0 ;;",
+        f"    resume) args=({resume}) ;;",
+        f"    *) args=({fresh}) ;;",
+        "esac",
+        "# exec: Slurm's SIGTERM at the time limit reaches mpiexec, which makes every rank",
+        "# checkpoint and stop",
+        f'exec {launch} {shlex.quote(python)} -m mpirl.run "${{args[@]}}"',
         ""]
     return "\n".join(lines)
 
@@ -276,8 +381,8 @@ def job_name(sweep: Sweep, point: Point) -> str:
     return f"mpirl-{sweep.name}-{point.name}"
 
 
-def run_slurm(sweep: Sweep, sweep_dir: Path, todo: list[Point], *, submit: bool,
-              wait_s: float | None) -> list[str]:
+def run_slurm(sweep: Sweep, sweep_dir: Path, todo: list[Point], plans: dict[str, Plan], *,
+              submit: bool, wait_s: float | None) -> list[str]:
     """Write one batch script per point to run; with ``submit``, sbatch them (skipping
     points that already have a job queued or running).  Returns the points that failed."""
     scripts_dir = sweep_dir / "slurm"
@@ -285,10 +390,14 @@ def run_slurm(sweep: Sweep, sweep_dir: Path, todo: list[Point], *, submit: bool,
     scripts = {}
     for point in todo:
         path = scripts_dir / f"{point.name}.sbatch"
-        path.write_text(sbatch_script(point, sweep, sweep_dir))
+        path.write_text(sbatch_script(point, sweep, sweep_dir, plans[point.name]))
         path.chmod(0o755)
         scripts[point.name] = path
-    print(f"sweep: {len(scripts)} batch script(s) in {scripts_dir}/", flush=True)
+        if plans[point.name].action in ("resume", "restart"):
+            print(f"sweep: {point.name}: {plans[point.name].describe()}", flush=True)
+    resumed = sum(plans[p.name].action == "resume" for p in todo)
+    print(f"sweep: {len(scripts)} batch script(s) in {scripts_dir}/, {resumed} of them "
+          "resuming from checkpoints", flush=True)
     if not submit:
         for path in scripts.values():
             print(f"  sbatch {path}")
@@ -329,6 +438,22 @@ def _squeue(args: list[str]) -> list[str]:
     return out.stdout.split() if out.returncode == 0 else []
 
 
+def prepare_point(sweep: Sweep, sweep_dir: Path, name: str) -> int:
+    """``--prepare-point NAME``: a batch script's first step, see :func:`sbatch_script`."""
+    point = next((p for p in sweep.points if p.name == name), None)
+    if point is None:
+        raise SweepError(f"--prepare-point {name}: no such point in sweep {sweep.name}")
+    plan = plan_point(point, sweep_dir)
+    if plan.action == "restart":
+        moved = set_aside_incomplete(point, sweep_dir)
+        print(f"sweep: {name}: not resumed, {plan.why}; restarting from scratch (unfinished "
+              f"earlier run kept in {moved})", file=sys.stderr, flush=True)
+    elif plan.action == "resume":
+        print(f"sweep: {name}: {plan.describe()}", file=sys.stderr, flush=True)
+    print("fresh" if plan.action == "restart" else plan.action, flush=True)
+    return 0
+
+
 # -- command line ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpirl.sweep", description=__doc__,
@@ -343,24 +468,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait", type=float, metavar="SECONDS", default=None,
                         help="slurm with --submit: wait up to SECONDS for the jobs to end")
     parser.add_argument("--dry-run", action="store_true",
-                        help="list the points and which are done; run nothing")
+                        help="list the points and which are done, resume or restart; run "
+                             "nothing")
+    parser.add_argument("--prepare-point", metavar="NAME",
+                        help="for the generated batch scripts: decide for this one point, "
+                             "now, whether it is done, resumes or starts afresh (moving an "
+                             "unusable earlier run to incomplete/), print the reason to stderr "
+                             "and done|resume|fresh to stdout; run nothing")
     args = parser.parse_args(argv)
     try:
         sweep = load(args.definition)
         sweep_dir = Path(args.out) / sweep.name
+        if args.prepare_point:
+            return prepare_point(sweep, sweep_dir, args.prepare_point)
         todo = prepare(sweep, sweep_dir)
+        plans = {p.name: plan_point(p, sweep_dir) for p in todo}
         done = len(sweep.points) - len(todo)
+        resuming = sum(plan.action == "resume" for plan in plans.values())
         print(f"sweep {sweep.name}: {len(sweep.points)} points, {done} done, {len(todo)} to run "
-              f"({sweep_dir}/)", flush=True)
+              f"({resuming} resuming from checkpoints; {sweep_dir}/)", flush=True)
         if args.dry_run:
             for point in sweep.points:
-                state = "done" if point.done(sweep_dir) else "to run"
+                state = plans[point.name].describe() if point.name in plans else "done"
                 print(f"  {point.name:40} {point.ranks:3} ranks  {state}")
             return 0
         if args.launcher == "local":
-            failed = run_local(sweep, sweep_dir, todo)
+            failed = run_local(sweep, sweep_dir, todo, plans)
         else:
-            failed = run_slurm(sweep, sweep_dir, todo, submit=args.submit, wait_s=args.wait)
+            failed = run_slurm(sweep, sweep_dir, todo, plans, submit=args.submit,
+                               wait_s=args.wait)
     except SweepError as err:
         print(f"mpirl.sweep: error: {err}", file=sys.stderr)
         return 2

@@ -60,6 +60,32 @@ def test_sweep_submitted_to_slurm_leaves_run_directories_and_logs(slurm, tmp_pat
     assert again.returncode == 0 and "2 done, 0 to run" in again.stdout
 
 
+def test_a_failed_point_resubmitted_resumes_from_its_checkpoints(slurm, tmp_path):
+    """A point's job ends early (a rank dies after update 37, checkpoints every 5);
+    submitting the sweep again, its batch script resumes the run from update 35."""
+    definition = {"name": "slurm-resume",
+                  "config": {**TINY, "total_steps": 2560, "checkpoint_every": 5,
+                             "fail": ["1@37"]},
+                  "grid": {"ranks": [2], "topology": ["butterfly"]},
+                  "slurm": {"time": "00:05:00", "nodes": 1}}
+    name = "butterfly-sync-2r-s1"
+    first = run_sweep(definition, tmp_path, "--launcher", "slurm", "--submit", "--wait", "150")
+    assert first.returncode == 1 and f"1 point(s) failed: {name}" in first.stderr, first.stdout
+    again = run_sweep(definition, tmp_path, "--launcher", "slurm", "--submit", "--wait", "150")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"{name}: resume from update 35" in again.stdout
+    sweep_dir = tmp_path / definition["name"]
+    assert "args=(--resume " in (sweep_dir / "slurm" / f"{name}.sbatch").read_text()
+    job = (sweep_dir / "slurm" / "jobs.txt").read_text().splitlines()[-1].split()[0]
+    log = (sweep_dir / "logs" / f"{name}.slurm-{job}.out").read_text()
+    assert f"sweep: {name}: resume from update 35" in log and "injected failure" not in log
+    summary = json.loads((sweep_dir / name / "summary.json").read_text())
+    assert summary["env_steps"] == 2560 and not (sweep_dir / "incomplete").exists()
+    with open_run(sweep_dir / name / "run.h5") as f:
+        for r in range(2):           # rows after the checkpoint were cut: none twice, none lost
+            assert list(f[f"ranks/{r:04d}/updates"]["update"]) == list(range(1, 81))
+
+
 def test_hand_written_array_template_runs_one_topology_per_task(slurm, tmp_path):
     from conftest import ROOT
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import h5py
 import pytest
 import yaml
 
-from conftest import TINY, TINY_SWEEP, run_sweep
+from conftest import ROOT, TINY, TINY_SWEEP, run_sweep
 from mpirl import sweep
 
 ASYNC = "star-async-3r-s1-env_Delay_v0-env_arg_cost_s_0.001+episode_steps_20-straggler_1_2"
@@ -71,17 +78,175 @@ def test_local_sweep_runs_every_point_once_and_resumes(tiny_sweep, tmp_path):
     again = run_sweep(TINY_SWEEP, tmp_path)
     assert again.returncode == 0 and "5 points, 5 done, 0 to run" in again.stdout, again.stdout
 
-    # a run killed half-way: its directory has no summary.json
+    # a run killed half-way: its directory has no summary.json, and a checkpoint is missing,
+    # so it cannot be resumed: it restarts, saying why in one line
     (copy / "native-sync-2r-s1" / "summary.json").unlink()
+    (copy / "native-sync-2r-s1" / "checkpoints" / "rank0001.pt").unlink()
     stamp = (copy / "butterfly-sync-2r-s1" / "summary.json").stat().st_mtime
     resumed = run_sweep(TINY_SWEEP, tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "4 done, 1 to run" in resumed.stdout and "[1/1] native-sync-2r-s1" in resumed.stdout
+    assert "4 done, 1 to run (0 resuming" in resumed.stdout
+    assert "[1/1] native-sync-2r-s1 ..." in resumed.stdout
+    why = [line for line in resumed.stdout.splitlines() if "not resumed" in line]
+    assert len(why) == 1 and why[0].startswith("sweep: native-sync-2r-s1: not resumed, cannot "
+                                               "resume: ") and "no checkpoint for ranks [1]" \
+        in why[0] and "restarting from scratch" in why[0], resumed.stdout
+    assert "1 point(s) run, 0 of them resumed from checkpoints, 0 failed" in resumed.stdout
     assert (copy / "native-sync-2r-s1" / "summary.json").is_file()
     kept = list((copy / "incomplete").iterdir())
     assert len(kept) == 1 and kept[0].name.startswith("native-sync-2r-s1-")
     assert (kept[0] / "run.h5").is_file()          # nothing of the broken run is lost
     assert (copy / "butterfly-sync-2r-s1" / "summary.json").stat().st_mtime == stamp
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc): what the sweep launched."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue                               # the process ended meanwhile
+        if ppid == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_point_stopped_by_sigterm_is_resumed_by_the_next_sweep(tmp_path):
+    """What Slurm's time limit does to a point (every process of the job gets SIGTERM),
+    then the same sweep command again: the point continues from its checkpoint."""
+    definition = {"name": "long", "config": {**TINY, "total_steps": 8000,
+                                             "checkpoint_every": 1000},
+                  "grid": {"ranks": [2], "topology": ["native"]}, "timeout_s": 120}
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(definition))
+    run_dir = tmp_path / "long" / "native-sync-2r-s1"
+    proc = subprocess.Popen([sys.executable, "-m", "mpirl.sweep", str(tmp_path / "long.yaml"),
+                             "--out", str(tmp_path)], cwd=ROOT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        progress = run_dir / "progress.csv"
+        while not (progress.is_file() and progress.read_text().count("\n") >= 3):
+            assert time.monotonic() < deadline and proc.poll() is None, "no progress in 90 s"
+            time.sleep(0.2)
+        (launched,) = child_pids(proc.pid)         # mpiexec, in a process group of its own
+        os.killpg(launched, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in child_pids(proc.pid):
+                os.killpg(pid, signal.SIGKILL)
+    assert proc.returncode == 1 and "FAILED (exit 143" in out, out
+    log = (tmp_path / "long" / "logs" / "native-sync-2r-s1.out").read_text()
+    stopped_at = int(log.split("stopped by a signal after update ")[1].split(";")[0])
+    assert 0 < stopped_at < 250
+
+    dry = run_sweep(definition, tmp_path, "--dry-run")
+    assert dry.returncode == 0 and "1 to run (1 resuming from checkpoints" in dry.stdout
+    assert f"resume from update {stopped_at}" in dry.stdout, dry.stdout
+    rerun_at = time.time()
+    again = run_sweep(definition, tmp_path, timeout_s=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"native-sync-2r-s1 (resume from update {stopped_at}) ... done" in again.stdout
+    assert "1 point(s) run, 1 of them resumed from checkpoints, 0 failed" in again.stdout
+    assert not (tmp_path / "long" / "incomplete").exists()        # resumed in place
+
+    log = (tmp_path / "long" / "logs" / "native-sync-2r-s1.out").read_text()
+    assert log.index("stopped by a signal") < log.index(
+        f"sweep: resume from update {stopped_at}: -m mpirl.run --resume ") < log.index("done:")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == 8000 and summary["updates"] == 250
+    for r in range(2):
+        with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:
+            assert list(f["updates"]["update"]) == list(range(1, 251))  # none twice, none lost
+            assert f.attrs["start_unix_s"] < rerun_at                   # the same log, continued
+    rows = [int(line.split(",")[0]) for line in progress.read_text().splitlines()[1:]]
+    assert rows == sorted(rows) and rows[-1] == 250 and min(rows) < stopped_at
+
+
+def test_unusable_checkpoints_restart_saying_why(tiny_sweep, tmp_path):
+    """The plan for every kind of unfinished run directory (no runs: --dry-run and the
+    batch scripts' --prepare-point), on copies of real runs made unusable."""
+    import torch
+
+    copy = tmp_path / "tiny"
+    shutil.copytree(tiny_sweep, copy)
+    for name in EXPECTED:
+        (copy / name / "summary.json").unlink()
+    ckpt = {name: copy / name / "checkpoints" for name in EXPECTED}
+    # butterfly-2r: rank 1's checkpoint cut short, as by a full disk
+    data = (ckpt["butterfly-sync-2r-s1"] / "rank0001.pt").read_bytes()
+    (ckpt["butterfly-sync-2r-s1"] / "rank0001.pt").write_bytes(data[:len(data) // 2])
+    # native-1r: a checkpoint of the 2-rank run in its place
+    shutil.copy(ckpt["native-sync-2r-s1"] / "rank0000.pt", ckpt["native-sync-1r-s1"])
+    # butterfly-1r: the definition changed since the run started
+    config = yaml.safe_load((copy / "butterfly-sync-1r-s1" / "config.yaml").read_text())
+    (copy / "butterfly-sync-1r-s1" / "config.yaml").write_text(
+        yaml.safe_dump({**config, "total_steps": 3200}))
+    final_update = torch.load(ckpt["native-sync-2r-s1"] / "rank0000.pt")["update"]
+
+    dry = run_sweep(TINY_SWEEP, tmp_path, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "0 done, 5 to run (1 resuming from checkpoints" in dry.stdout
+    plan = {line.split()[0]: line.split("ranks", 1)[1].strip()
+            for line in dry.stdout.splitlines()[1:]}
+    assert plan["native-sync-2r-s1"] == f"resume from update {final_update}"
+    assert plan["butterfly-sync-2r-s1"].startswith(
+        "restart (cannot resume: rank0001.pt cannot be read (")
+    assert plan["native-sync-1r-s1"] == ("restart (cannot resume: rank0000.pt was written by "
+                                         "a run of 2 ranks, not 1)")
+    assert plan["butterfly-sync-1r-s1"] == ("restart (cannot resume: its config.yaml differs "
+                                            "from the point's (total_steps=3200 vs 1600))")
+    assert plan[ASYNC] == "restart (no checkpoints to resume from)"
+    assert not (copy / "incomplete").exists()        # a dry run moves nothing
+
+    # what a batch script does as its job starts (with Slurm, tests/test_slurm.py resumes)
+    broken = subprocess.run([sys.executable, "-m", "mpirl.sweep", str(copy / "sweep.yaml"),
+                             "--out", str(tmp_path), "--prepare-point", "butterfly-sync-2r-s1"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=60)
+    assert broken.returncode == 0 and broken.stdout == "fresh\n", broken.stderr
+    assert "butterfly-sync-2r-s1: not resumed, cannot resume: rank0001.pt cannot be read" \
+        in broken.stderr and len(broken.stderr.strip().splitlines()) == 1
+    assert not (copy / "butterfly-sync-2r-s1").exists()
+    assert [p.name.rsplit("-", 2)[0] for p in (copy / "incomplete").iterdir()] == \
+        ["butterfly-sync-2r-s1"]
+
+
+def test_sync_checkpoints_of_different_updates_are_not_a_set(tiny_sweep, tmp_path):
+    """A job killed while its ranks were writing leaves rank 0 a checkpoint ahead."""
+    from mpirl import checkpoint
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_sweep / "native-sync-2r-s1", run_dir)
+    update = checkpoint.check_set(run_dir, 2, same_update=True)
+    state = checkpoint.load(run_dir, 1)
+    checkpoint.save(run_dir, 1, {**state, "update": update - 5})
+    with pytest.raises(checkpoint.UnusableCheckpoints,
+                       match=rf"different updates \(rank 0: {update}, rank 1: {update - 5}\)"):
+        checkpoint.check_set(run_dir, 2, same_update=True)
+    assert checkpoint.check_set(run_dir, 2, same_update=False) == update
+
+
+def test_a_mode_that_cannot_resume_restarts_saying_so(tiny_sweep, tmp_path):
+    """Checkpoint files in an async point's directory: as long as mpirl.run refuses to
+    resume async runs, the sweep restarts the point with mpirl.run's own reason (once
+    async can resume, these files, of a 2-rank sync run, are refused as not its own)."""
+    shutil.copytree(tiny_sweep, tmp_path / "tiny")
+    run_dir = tmp_path / "tiny" / ASYNC
+    (run_dir / "summary.json").unlink()
+    (run_dir / "checkpoints").mkdir()
+    for r in range(3):
+        shutil.copy(tiny_sweep / "native-sync-2r-s1" / "checkpoints" / "rank0000.pt",
+                    run_dir / "checkpoints" / f"rank{r:04d}.pt")
+    point = sweep.load(write(tmp_path, TINY_SWEEP)).points[-1]
+    plan = sweep.plan_point(point, tmp_path / "tiny")
+    assert plan.action == "restart", plan
+    assert plan.why.startswith("cannot resume: ") and (
+        "resume: mode='async'" in plan.why or "was written by a run of 2 ranks, not 3"
+        in plan.why), plan.why
 
 
 def test_a_point_past_its_time_limit_is_killed_named_and_exit_1(tmp_path):
@@ -106,8 +271,12 @@ def test_slurm_scripts_are_written_for_each_point_to_run(tiny_sweep, tmp_path):
     scripts = sorted((tmp_path / "tiny" / "slurm").glob("*.sbatch"))
     assert [s.name for s in scripts] == ["butterfly-sync-2r-s1.sbatch"]
     text = scripts[0].read_text()
+    run_dir = tmp_path / "tiny" / "butterfly-sync-2r-s1"
     for line in ("#SBATCH --ntasks=2", "#SBATCH --time=00:05:00", "#SBATCH --partition=debug",
                  "#SBATCH --exclusive", "#SBATCH --nodes=1", '-n "$SLURM_NTASKS"',
-                 "--run-name butterfly-sync-2r-s1"):
+                 "--run-name butterfly-sync-2r-s1", "# when written: resume from update ",
+                 "--prepare-point butterfly-sync-2r-s1", f"resume) args=(--resume {run_dir})"):
         assert line in text, line
     assert "sbatch " in result.stdout
+    assert "butterfly-sync-2r-s1: resume from update" in result.stdout
+    assert "1 batch script(s) in" in result.stdout and "1 of them resuming" in result.stdout
