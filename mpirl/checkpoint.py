@@ -117,9 +117,17 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool) -> int | Non
     different rank count (or recording none), or, with ``same_update`` (sync, where
     all ranks stop at the same update), ranks at different updates: a job killed while
     its ranks were writing, whose replicas would resume apart."""
+    import torch
+
+    generation = None
+    if not same_update:               # async/quorum: the newest generation all ranks wrote
+        generation = latest_complete(run_dir, world_size)
+        if generation is None:
+            raise UnusableCheckpoints(f"no checkpoint generation written by all "
+                                      f"{world_size} ranks")
     updates = []
     for rank in range(world_size):
-        path = path_for(run_dir, rank)
+        path = path_for(run_dir, rank, generation)
         if not path.is_file():
             raise UnusableCheckpoints(f"no checkpoint for rank {rank} ({path.name})")
         try:
@@ -134,7 +142,7 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool) -> int | Non
         if recorded != world_size:
             raise UnusableCheckpoints(f"{path.name} was written by a run of {recorded} "
                                       f"ranks, not {world_size}")
-        updates.append(state.get("update"))
+        updates.append(state.get("update", state.get("version")))
     if same_update and len(set(updates)) > 1:
         at = ", ".join(f"rank {r}: {u}" for r, u in enumerate(updates))
         raise UnusableCheckpoints(f"the ranks' checkpoints are of different updates ({at})")

@@ -152,6 +152,12 @@ class Config:
             raise ConfigError(f"resume={self.resume!r}: no checkpoint for ranks {missing} "
                               f"(found {len(have)}: {', '.join(have) or 'none'}); resume with "
                               "the rank count the run was started with")
+        extra = sorted(p.name for p in ckpt.glob("rank*.pt")
+                       if p.stem[4:].isdigit() and int(p.stem[4:]) >= world_size)
+        if extra:
+            raise ConfigError(f"resume={self.resume!r}: checkpoints of more ranks than "
+                              f"{world_size} ({', '.join(extra[:3])}); resume with the rank "
+                              "count the run was started with")
 
     # -- derived ---------------------------------------------------------------------------
     def slowdown_of(self, rank: int) -> float:
