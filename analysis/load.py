@@ -38,8 +38,8 @@ import pandas as pd
 
 import h5py
 
-from mpirl.h5log import (BENCH_KIND, EPISODE_DTYPE, PHASES, SIM_STEP_DTYPE, UPDATE_DTYPE,
-                         open_run)
+from mpirl.h5log import (BENCH_KIND, EPISODE_DTYPE, FAILURE_DTYPE, PHASES, SIM_STEP_DTYPE,
+                         UPDATE_DTYPE, open_run)
 
 COMPUTE_PHASES = tuple(p for p in PHASES if p != "exchange_s")
 #: what identifies a design in tables and legends.
@@ -59,6 +59,9 @@ class Run:
     staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: one row per env step of envs that time their simulator: run, rank, update, env, sim_s
     sim_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: one row per rank failure a survivor lived through (schema 3, --on-failure shrink):
+    #: run, rank, update, t_s, unix_s, detect_s, recover_s, size_after, failed
+    failures: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def name(self) -> str:
@@ -99,14 +102,15 @@ def load_run(path: str | Path) -> Run:
     path = Path(path)
     with open_run(path / "run.h5") as f:
         meta = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
-        if meta.get("schema", 0) > 2 or meta.get("schema", 0) < 1:
+        if meta.get("schema", 0) > 3 or meta.get("schema", 0) < 1:
             raise ValueError(f"{path}/run.h5 has log schema {meta.get('schema')}; this "
-                             "analysis reads schemas 1-2")
+                             "analysis reads schemas 1-3")
         config = json.loads(meta["config_json"])
-        for key in ("config_json", "hostnames_json", "cores_per_node_json"):
+        for key in ("config_json", "hostnames_json", "cores_per_node_json",
+                    "ranks_failed_json"):
             if key in meta:
                 meta[key.removesuffix("_json")] = json.loads(meta.pop(key))
-        ups, eps, sims = [], [], []
+        ups, eps, sims, fails = [], [], [], []
         for r in range(int(meta["world_size"])):
             g = f[f"ranks/{r:04d}"]
             u = pd.DataFrame(_upgrade(g["updates"][...], UPDATE_DTYPE))
@@ -123,6 +127,11 @@ def load_run(path: str | Path) -> Run:
                 sim = pd.DataFrame(g["sim_steps"][...])
                 sim.insert(0, "rank", r)
                 sims.append(sim)
+            if "failures" in g:                   # schema 3
+                fail = pd.DataFrame(g["failures"][...])
+                fail["failed"] = fail["failed"].map(bytes.decode)
+                fail.insert(0, "rank", r)
+                fails.append(fail)
     summary_path = path / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     staleness_path = path / "staleness.npy"
@@ -135,9 +144,12 @@ def load_run(path: str | Path) -> Run:
         sims = [pd.DataFrame(np.zeros(0, SIM_STEP_DTYPE))]
         sims[0].insert(0, "rank", np.zeros(0, dtype=np.int64))
     sim_steps = pd.concat(sims, ignore_index=True)
-    for table in (updates, episodes, sim_steps):
+    failures = pd.concat(fails, ignore_index=True) if fails else \
+        pd.DataFrame(columns=["rank", *FAILURE_DTYPE.names])
+    for table in (updates, episodes, sim_steps, failures):
         table.insert(0, "run", path.name)
-    return Run(path, meta, config, summary, updates, episodes, staleness, sim_steps)
+    return Run(path, meta, config, summary, updates, episodes, staleness, sim_steps,
+               failures)
 
 
 def _upgrade(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -105,7 +105,8 @@ class UnusableCheckpoints(ValueError):
     """A run directory's checkpoints cannot continue the run; the message says why."""
 
 
-def check_set(run_dir: Path, world_size: int, *, same_update: bool) -> int | None:
+def check_set(run_dir: Path, world_size: int, *, same_update: bool,
+              generational: bool = False) -> int | None:
     """The update a resume of ``run_dir`` at ``world_size`` ranks continues from (None
     when the checkpoints do not record one), after loading every rank's checkpoint.
 
@@ -120,7 +121,7 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool) -> int | Non
     import torch
 
     generation = None
-    if not same_update:               # async/quorum: the newest generation all ranks wrote
+    if generational:                  # async/quorum: the newest generation all ranks wrote
         generation = latest_complete(run_dir, world_size)
         if generation is None:
             raise UnusableCheckpoints(f"no checkpoint generation written by all "
