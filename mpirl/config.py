@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -353,11 +354,17 @@ def load_yaml(path: str | Path) -> dict:
     return {} if data is None else data
 
 
+#: numbers YAML 1.1 leaves as strings (an exponent without a dot: 3e-4, 1E5)
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(default, key: str, value, source: str):
     """Check a loaded value against the field's type; ints are accepted for floats."""
     kind = type(default)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+        return float(value)       # "3e-4": YAML 1.1 (PyYAML) reads it as a string
     if kind is list and isinstance(value, (list, tuple)):
         return list(value)
     if type(value) is not kind:

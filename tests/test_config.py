@@ -78,6 +78,28 @@ def test_server_modes_need_a_worker_and_the_star():
     assert Config(mode="quorum", topology="star").quorum_size(world_size=6) == 3
 
 
+def test_yaml_floats_without_a_dot_are_floats(tmp_path):
+    """PyYAML (YAML 1.1) reads 3e-4 as a string; a float field takes it as the number."""
+    path = tmp_path / "exp.yaml"
+    path.write_text("lr: 3e-4\nvalue_coef: 1E0\nmax_grad_norm: '0.5e1'\n")
+    cfg = Config.from_yaml(path)
+    assert (cfg.lr, cfg.value_coef, cfg.max_grad_norm) == (3e-4, 1.0, 5.0)
+    path.write_text("lr: 3e-4x\n")
+    with pytest.raises(ConfigError, match="lr='3e-4x' is a str; expected float"):
+        Config.from_yaml(path)
+
+
+def test_delay_tails_are_bounded_so_costs_stay_finite():
+    for tail in ("inf", "nan", "0", "1e400", "25"):
+        with pytest.raises(ConfigError, match=r"tail=.* a number in \[0.05, 20\]"):
+            Config(env="Delay-v0", env_arg=["dist=pareto", f"tail={tail}"]).validate(2)
+    import gymnasium
+
+    env = gymnasium.make("Delay-v0", cost_s=1.0, dist="pareto", tail=0.05).unwrapped
+    env.reset(seed=0)
+    assert max(env.draw_cost() for _ in range(2000)) <= 3600.0
+
+
 def test_env_args_are_typed_from_yaml_and_checked():
     cfg = Config(env="Delay-v0", env_arg=["cost_s=0.5", "dist=pareto", "obs_dim=7"])
     assert cfg.env_kwargs() == {"cost_s": 0.5, "dist": "pareto", "obs_dim": 7}

@@ -52,7 +52,7 @@ def assert_clean(result, exchanges: int) -> None:
     assert "# mpirl.soak: ok" in result.output and "FAIL" not in result.output
 
 
-@pytest.mark.parametrize("nranks, exchanges", [(8, 200), (5, 200)])
+@pytest.mark.parametrize("nranks, exchanges", [(8, 120), (5, 120)])
 def test_short_soak_checks_every_exchange(nranks, exchanges):
     assert_clean(soak(nranks, "--exchanges", str(exchanges)), exchanges)
 

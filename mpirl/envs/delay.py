@@ -31,13 +31,16 @@ import numpy as np
 DISTRIBUTIONS = ("fixed", "lognormal", "pareto")
 BUSY = ("sleep", "spin")
 
+MAX_COST_S = 3600.0
+
 #: keyword -> (type, check, what is allowed), used by mpirl.envs.check_env_args
 KWARGS = {
     "obs_dim": (int, lambda v: 1 <= v <= 1_000_000, "an int in 1..1000000"),
     "act_dim": (int, lambda v: 1 <= v <= 1_000_000, "an int in 1..1000000"),
     "cost_s": (float, lambda v: 0.0 <= v <= 60.0, "seconds in [0, 60]"),
     "dist": (str, lambda v: v in DISTRIBUTIONS, "one of " + ", ".join(DISTRIBUTIONS)),
-    "tail": (float, lambda v: v > 0.0, "a number > 0"),
+    # bounded so that a drawn cost stays a finite number of seconds (NaN fails both)
+    "tail": (float, lambda v: 0.05 <= v <= 20.0, "a number in [0.05, 20]"),
     "busy": (str, lambda v: v in BUSY, "one of " + ", ".join(BUSY)),
     "episode_steps": (int, lambda v: v >= 1, "an int >= 1"),
 }
@@ -63,12 +66,14 @@ class DelayEnv(gymnasium.Env):
         self._t = 0
 
     def draw_cost(self) -> float:
-        """Seconds the next step will cost."""
+        """Seconds the next step will cost (capped at an hour: a tail, not a hang)."""
         if self.dist == "fixed":
             return self.cost_s
         if self.dist == "lognormal":
-            return self.cost_s * float(np.exp(self.tail * self.np_random.standard_normal()))
-        return self.cost_s * float((1.0 - self.np_random.random()) ** (-1.0 / self.tail))
+            cost = self.cost_s * float(np.exp(self.tail * self.np_random.standard_normal()))
+        else:
+            cost = self.cost_s * float((1.0 - self.np_random.random()) ** (-1.0 / self.tail))
+        return min(cost, MAX_COST_S)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
