@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -151,8 +152,10 @@ def drill(name: str, spec, out: Path) -> dict:
              if ("died without a word" in line or "error" in line.lower()
                  or "stopped by a signal" in line or "survived" in line)
              and not line.startswith("[")]
-    row["says"] = lines[0][:160] if lines else ""
-    row["named"] = f"rank {rank}" in row["says"] or (fault == "term")
+    named = [line for line in lines if re.search(rf"rank {rank}\b", line) and
+             ("died" in line or "error" in line or "no progress" in line)]
+    row["says"] = (named or lines or [""])[0][:160]
+    row["named"] = bool(named) or fault == "term"
     summary = run_dir / "summary.json"
     if ulfm and summary.is_file():                    # survived: recovery as the logs saw it
         s = json.loads(summary.read_text())

@@ -127,5 +127,10 @@ def abort_job(comm, message: str, code: int = 1) -> None:
     sentinel.reported()          # this rank speaks for itself: no death report for the job
     print(message, file=sys.stderr, flush=True)
     time.sleep(0.5)
+    if os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true"):
+        # Open MPI with fault tolerance (ULFM): every rank that sees the failure leaves by
+        # itself (the communicator is revoked, so none stays blocked); MPI_Abort there
+        # left Open MPI 5.0.11's launcher waiting forever after a peer's SIGKILL.
+        os._exit(code)
     comm.Abort(code)
     os._exit(code)

@@ -39,7 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-#: status file layout: magic, state, rank, pid, update, beat time, death time, host, where
+#: status file layout: magic, state, rank, pid, update, beat time, death time (or, for a
+#: REPORTED rank, when it reported), host, where
 _LAYOUT = struct.Struct("<4siii q d d 64s 256s")
 _MAGIC = b"MPRS"
 RUNNING, CLEAN, REPORTED = 0, 1, 2      # states; REPORTED: the rank printed its own error
@@ -90,6 +91,8 @@ class Sentinel:
         """The rank is leaving: cleanly, or having printed its own error (REPORTED)."""
         global _current
         struct.pack_into("<i", self._map, _STATE_AT, state)
+        if state == REPORTED:
+            struct.pack_into("<d", self._map, _DEATH_AT, time.time())   # when it spoke
         self._map.flush()
         os.write(self._write_end, b"x")   # anything but EOF: "not a death"
         os.close(self._write_end)
@@ -121,6 +124,7 @@ def reported() -> None:
     nor for the ranks the launcher kills because of it."""
     if _current is not None:
         struct.pack_into("<i", _current._map, _STATE_AT, REPORTED)
+        struct.pack_into("<d", _current._map, _DEATH_AT, time.time())   # when it spoke
         _current._map.flush()
 
 
@@ -169,8 +173,11 @@ with open(path, "r+b") as f:
     f.write(struct.pack("<d", died))
 time.sleep(0.5)                            # let the other ranks' sentinels stamp theirs
 everyone = [s for s in (load(p) for p in sorted(path.parent.glob("rank*"))) if s]
-if any(s["state"] == 2 for s in everyone):
-    sys.exit(0)                            # some rank already said what went wrong
+# A rank that reported its own error before this one died caused the end (abort_job
+# waits 0.5 s before MPI_Abort, so its victims die later than that); an error reported
+# after, or within 0.2 s (a peer's MPI noticing this death first), is a consequence.
+if any(s["state"] == 2 and s["death"] < died - 0.2 for s in everyone):
+    sys.exit(0)
 dead = sorted((s for s in everyone if s["state"] == 0 and s["death"] > 0),
               key=lambda s: s["death"])
 if not dead or dead[0]["rank"] != me["rank"]:
@@ -179,10 +186,10 @@ others = [s for s in everyone if s["rank"] != me["rank"]]
 def doing(s):
     return f"rank {s['rank']} {s['where'] or 'starting'}"
 msg = (f"mpirl: rank {me['rank']} (pid {me['pid']} on {me['host']}) died without a word "
-       f"at update {me['update']}, {me['where'] or 'starting'}, "
+       f"at update {me['update']}, {me['where'] or 'starting'} "
        f"(last report {died - me['beat']:.1f} s before)")
 if others:
-    msg += "; at that time: " + "; ".join(doing(s) for s in others[:6])
+    msg += "; the others last reported: " + "; ".join(doing(s) for s in others[:6])
     if len(others) > 6:
         msg += f"; ... ({len(others) - 6} more)"
 run_dir = path.parent.parent

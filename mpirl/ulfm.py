@@ -137,6 +137,7 @@ class Team:
             if ok and self.policy == "stop":
                 return result
             if not ok and self.policy == "stop":
+                self.comm.Revoke()    # every rank blocked on this communicator gets an error
                 raise PeerFailed(f"rank(s) {self._failed_world_ranks() or '?'} failed ({what}) "
                                  f"after {seen - entered:.1f} s; ending the job "
                                  "(--on-failure shrink carries on without them, in sync mode)")
