@@ -97,6 +97,11 @@ OPENMPI_ULFM_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
                      "--mca", "mpi_ft_detector_timeout", "4")
 
 
+def fault_tolerant_launch() -> bool:
+    """Open MPI's launcher started this process with fault tolerance (``--with-ft ulfm``)."""
+    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true")
+
+
 def openmpi_ulfm_command(venv: str, nranks: int, argv: list[str]) -> list[str]:
     """``mpiexec`` of the Open MPI environment ``venv`` (``make ulfm-env``), fault
     tolerance on, oversubscription allowed; ``argv`` runs under that venv's Python."""
@@ -127,7 +132,7 @@ def abort_job(comm, message: str, code: int = 1) -> None:
     sentinel.reported()          # this rank speaks for itself: no death report for the job
     print(message, file=sys.stderr, flush=True)
     time.sleep(0.5)
-    if os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true"):
+    if fault_tolerant_launch():
         # Open MPI with fault tolerance (ULFM): every rank that sees the failure leaves by
         # itself (the communicator is revoked, so none stays blocked); MPI_Abort there
         # left Open MPI 5.0.11's launcher waiting forever after a peer's SIGKILL.

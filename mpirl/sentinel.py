@@ -72,7 +72,8 @@ class Sentinel:
         read_end, self._write_end = os.pipe()
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-S", "-c", _WATCHER, str(read_end), str(self.path)],
+                [sys.executable, "-S", "-c", _WATCHER, str(read_end), str(self.path),
+                 _LAYOUT.format, str(_DEATH_AT)],
                 pass_fds=(read_end,), start_new_session=True, stdin=subprocess.DEVNULL)
         except OSError as err:           # no watcher: the run goes on, deaths go unnamed
             print(f"mpirl: rank {rank}: could not start the death watcher ({err})",
@@ -143,11 +144,12 @@ def read_status(path: Path) -> dict | None:
 
 
 # The watcher: standard library only (it runs under ``python -S``, before and after the
-# rank's own modules are gone).  argv: the pipe's read end, this rank's status file.
+# rank's own modules are gone).  argv: the pipe's read end, this rank's status file, the
+# status layout and the death time's offset in it.
 _WATCHER = r'''
 import os, struct, sys, time
 from pathlib import Path
-LAYOUT = struct.Struct("<4siii q d d 64s 256s")
+LAYOUT, DEATH_AT = struct.Struct(sys.argv[3]), int(sys.argv[4])
 fd, path = int(sys.argv[1]), Path(sys.argv[2])
 try:
     data = os.read(fd, 1)
@@ -169,7 +171,7 @@ me = load(path)
 if me is None or me["state"] != 0:         # left cleanly, or printed its own error
     sys.exit(0)
 with open(path, "r+b") as f:
-    f.seek(32)
+    f.seek(DEATH_AT)
     f.write(struct.pack("<d", died))
 time.sleep(0.5)                            # let the other ranks' sentinels stamp theirs
 everyone = [s for s in (load(p) for p in sorted(path.parent.glob("rank*"))) if s]

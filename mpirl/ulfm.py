@@ -44,7 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .config import ON_FAILURE
-from .launch import OPENMPI_ULFM_ARGS, mpi_library
+from .launch import OPENMPI_ULFM_ARGS, fault_tolerant_launch, mpi_library
 
 T = TypeVar("T")
 
@@ -60,7 +60,7 @@ def unsupported() -> str | None:
         return (f"the MPI library is {library.split(',')[0].strip()!r}, which has no working "
                 "ULFM (MPICH's launcher kills the job when a rank dies); run under Open MPI 5 "
                 f"(pip install openmpi mpi4py) as  mpiexec {' '.join(OPENMPI_ULFM_ARGS)} ...")
-    if os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() not in ("1", "true"):
+    if not fault_tolerant_launch():
         return ("Open MPI was launched without fault tolerance; add  "
                 f"{' '.join(OPENMPI_ULFM_ARGS)}  to mpiexec")
     if os.environ.get("OMPI_MCA_mpi_ft_detector", "").lower() not in ("1", "true"):

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -21,6 +20,7 @@ import torch
 from mpirl import checkpoint
 from mpirl.config import Config
 from mpirl.launch import mpi_env, mpiexec_command
+from mpirl.sentinel import read_status, status_dir
 from mpirun import ROOT, run_mpi
 
 RUN = ["--total-steps", "2560", "--num-envs", "2", "--rollout-steps", "8",
@@ -54,25 +54,7 @@ def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
 def test_sigterm_checkpoints_on_every_rank_and_the_run_resumes(tmp_path):
     args = ["--total-steps", "24000", "--num-envs", "2", "--rollout-steps", "8",
             "--checkpoint-every", "1000", "--log-every", "5"]
-    cmd = mpiexec_command(2, [sys.executable, "-m", "mpirl.run", *args, "--run-dir",
-                              str(tmp_path), "--run-name", "t"])
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    progress = tmp_path / "t" / "progress.csv"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (progress.is_file()
-                                               and progress.read_text().count("\n") >= 2):
-        time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGTERM)              # what Slurm does at the time limit
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("the run did not stop within 60 s of SIGTERM") from None
-    assert proc.returncode == 143, out[-2000:]
-    assert "stopped by a signal after update" in out and "--resume" in out
-    stopped_at = int(out.split("stopped by a signal after update ")[1].split(";")[0])
+    out, stopped_at = stop_with_sigterm(2, args, tmp_path / "t", progress_lines=2)
     assert 0 < stopped_at < 750
     for r in range(2):
         assert (tmp_path / "t" / "checkpoints" / f"rank{r:04d}.pt").is_file()
@@ -176,30 +158,34 @@ def test_killed_parameter_server_run_resumes_with_every_push_counted_once(
     assert len(checkpoint.generations(run_dir)) <= 2
 
 
-def rank_pid(launcher_pid: int, rank: int) -> int:
-    """The process id of ``rank`` among the launcher's descendants (Linux /proc; hydra
-    gives every rank PMI_RANK)."""
-    parent = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    for pid in parent:
-        ancestor = parent.get(pid)
-        while ancestor and ancestor != launcher_pid:
-            ancestor = parent.get(ancestor)
-        if ancestor == launcher_pid:
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if f"PMI_RANK={rank}".encode() in environ and b"mpirl.run" in cmdline:
-                return pid
-    raise AssertionError(f"no process of rank {rank} under {launcher_pid}")
+def stop_with_sigterm(nranks: int, args: list[str], run_dir, *, progress_lines: int,
+                      rank: int | None = None) -> tuple[str, int]:
+    """Start a run, send SIGTERM once progress.csv has ``progress_lines`` lines (to
+    mpiexec, which forwards it to every rank, or to ``rank`` alone), check that it
+    stopped (exit 143, the resume command); return its output and the update it
+    stopped after."""
+    cmd = mpiexec_command(nranks, [sys.executable, "-m", "mpirl.run", *args, "--run-dir",
+                                   str(run_dir.parent), "--run-name", run_dir.name])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    progress = run_dir / "progress.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+            progress.is_file() and progress.read_text().count("\n") >= progress_lines):
+        time.sleep(0.2)
+    # a rank's pid: from the status file it publishes for its sentinel
+    target = proc.pid if rank is None else \
+        read_status(status_dir(run_dir) / f"rank{rank:04d}")["pid"]
+    os.kill(target, signal.SIGTERM)                # what Slurm does at the time limit
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the run did not stop within 60 s of SIGTERM") from None
+    assert proc.returncode == 143, out[-2000:]
+    assert "stopped by a signal after update" in out and "--resume" in out
+    return out, int(out.split("stopped by a signal after update ")[1].split(";")[0])
 
 
 # async: the launcher forwards SIGTERM to every rank; quorum: only worker 2 gets it and
@@ -210,26 +196,8 @@ def test_sigterm_stops_a_parameter_server_run_with_a_snapshot_and_it_resumes(
     args = ["--mode", mode, "--topology", "star", "--total-steps", "12000",
             "--num-envs", "2", "--rollout-steps", "8", "--checkpoint-every", "1000",
             "--log-every", "5"]
-    cmd = mpiexec_command(3, [sys.executable, "-m", "mpirl.run", *args, "--run-dir",
-                              str(tmp_path), "--run-name", "t"])
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
     run_dir = tmp_path / "t"
-    progress = run_dir / "progress.csv"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (progress.is_file()
-                                               and progress.read_text().count("\n") >= 3):
-        time.sleep(0.2)
-    os.kill(proc.pid if signalled is None else rank_pid(proc.pid, signalled), signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("the run did not stop within 60 s of SIGTERM") from None
-    assert proc.returncode == 143, out[-2000:]
-    assert "stopped by a signal after update" in out and "--resume" in out
-    stopped_at = int(out.split("stopped by a signal after update ")[1].split(";")[0])
+    out, stopped_at = stop_with_sigterm(3, args, run_dir, progress_lines=3, rank=signalled)
     assert 0 < stopped_at < 700
     # one snapshot (the stop's), written by every rank; logs closed at its cut
     assert checkpoint.generations(run_dir) == [1] and checkpoint.complete(run_dir, 1, 3)
