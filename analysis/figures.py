@@ -13,11 +13,13 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
+# the project's one palette, and the simulator's own figure (re-exported for notebooks)
+from mpirl.study.figures import MODE_STYLES, TOPOLOGY_COLORS  # noqa: F401
+from mpirl.study.figures import color as _color
+from mpirl.study.figures import predicted_scaling_figure  # noqa: F401
+
 from .load import COMPUTE_PHASES, Run, breakdown, scaling
 
-TOPOLOGY_COLORS = {"native": "#444444", "star": "#d62728", "tree": "#2ca02c",
-                   "butterfly": "#1f77b4", "ring": "#9467bd"}
-MODE_STYLES = {"sync": "-", "async": "--", "quorum": ":"}
 #: MPICH's forced algorithms in mpirl.bench results (dashed lines)
 MPICH_COLORS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#ff7f0e"]
 PART_COLORS = {"env_s": "#4c72b0", "forward_s": "#8da0cb", "straggle_s": "#c6dbef",
@@ -27,10 +29,6 @@ PART_LABELS = {"env_s": "env", "forward_s": "forward", "straggle_s": "straggler 
                "backward_s": "backward", "optimizer_s": "optimizer",
                "other_s": "other (bookkeeping)",
                "wait_s": "exchange: waiting", "transfer_s": "exchange: transfer"}
-
-
-def _color(topology: str) -> str:
-    return TOPOLOGY_COLORS.get(topology, "#17becf")
 
 
 def _design_label(topology: str, mode: str, straggler: str = "none") -> str:
@@ -263,42 +261,5 @@ def sim_steps_figure(runs: list[Run]) -> plt.Figure:
         ax.set_xlabel("ms per env step" + (f" ({repeat} simulator steps)" if repeat > 1 else ""))
         ax.set_ylabel("steps")
     fig.suptitle("Simulator time per step (solid: median, dashed: p99)")
-    fig.tight_layout()
-    return fig
-
-
-# -- 8. predicted scaling (python -m mpirl.simulate) --------------------------------------------
-def predicted_scaling_figure(predictions: pd.DataFrame, measured: pd.DataFrame,
-                             nbytes: float) -> plt.Figure:
-    """Predicted updates/s, env steps/s and idle share vs ranks (lines), with measured
-    runs' updates/s (points) where given."""
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    for (topo, mode), d in predictions.groupby(["topology", "mode"]):
-        d = d.sort_values("ranks")
-        style = dict(color=_color(topo), linestyle=MODE_STYLES.get(mode, "-"),
-                     label=f"{topo} / {mode}")
-        axes[0].plot(d["ranks"], d["updates_per_s"], **style)
-        axes[1].plot(d["ranks"], d["env_steps_per_s"], **style)
-        axes[2].plot(d["ranks"], d["idle_share"], **style)
-    if len(measured):
-        for (topo, mode), d in measured.groupby(["topology", "mode"]):
-            marker = "o" if mode == "sync" else "s"
-            axes[0].scatter(d["ranks"], d["measured_updates_per_s"], color=_color(topo),
-                            marker=marker, edgecolors="black", zorder=3, s=40)
-            axes[0].scatter(d["ranks"], d["predicted_updates_per_s"], facecolors="none",
-                            edgecolors=_color(topo), marker=marker, zorder=3, s=110)
-    axes[0].set(title="updates / s\n(filled: measured runs; hollow: simulated with each "
-                      "run's own compute)", ylabel="updates / s")
-    axes[1].set(title="env steps / s", ylabel="env steps / s")
-    axes[2].set(title="workers' time not computing (waiting + exchange)",
-                ylabel="share of wall time", ylim=(0, 1))
-    for ax in axes:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("MPI ranks")
-        ax.grid(alpha=0.3, which="both")
-    axes[0].set_yscale("log")
-    axes[1].set_yscale("log")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"Predicted scaling (mpirl.simulate, gradient {nbytes / 1024:.0f} KiB)")
     fig.tight_layout()
     return fig

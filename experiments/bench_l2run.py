@@ -43,7 +43,7 @@ def quantiles(times: np.ndarray) -> str:
 def raw_steps(n: int) -> np.ndarray:
     import gymnasium
 
-    import mpirl.envs  # noqa: F401
+    import mpirl.parts.envs  # noqa: F401
     env = gymnasium.make("L2Run-v0").unwrapped
     rng = np.random.default_rng(0)
     env.reset(seed=0)

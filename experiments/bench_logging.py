@@ -5,7 +5,7 @@
 * Writer: every update row carries ``log_s``, the seconds the previous row cost to
   record (filling the row, appending, flushing every K rows).  Its share is
   ``sum(log_s) / sum(update time)`` per rank, read back from the runs' own logs.
-* Timers: a :class:`mpirl.timing.PhaseTimer` section costs the same whatever it times;
+* Timers: a :class:`mpirl.telemetry.timing.PhaseTimer` section costs the same whatever it times;
   its cost is measured here (best of 5 x 100k empty sections) and multiplied by the
   sections an update opens (2 per rollout step, plus the last value, backward,
   exchange, optimizer and straggle).
@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis import load_sweep  # noqa: E402
-from mpirl.h5log import PHASES  # noqa: E402
-from mpirl.timing import PhaseTimer  # noqa: E402
+from mpirl.telemetry.schema import PHASES  # noqa: E402
+from mpirl.telemetry.timing import PhaseTimer  # noqa: E402
 
 
 def timer_section_cost(n: int = 100_000) -> float:

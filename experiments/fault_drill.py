@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpirl.launch import mpi_env, mpiexec_command, openmpi_ulfm_command  # noqa: E402
-from mpirl.sentinel import read_status, status_dir  # noqa: E402
+from mpirl.resilience.sentinel import read_status, status_dir  # noqa: E402
 
 SLOW = ["--env", "Delay-v0", "--env-arg", "cost_s=0.004", "--env-arg", "episode_steps=40",
         "--num-envs", "2", "--rollout-steps", "8", "--log-flush-every", "5",

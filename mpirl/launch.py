@@ -127,7 +127,7 @@ def abort_job(comm, message: str, code: int = 1) -> None:
     because MPICH's MPI_Abort can return to the caller before the launcher kills it."""
     import time
 
-    from . import sentinel
+    from .resilience import sentinel
 
     sentinel.reported()          # this rank speaks for itself: no death report for the job
     print(message, file=sys.stderr, flush=True)

@@ -64,7 +64,7 @@ def run_main(argv: list[str] | None = None) -> int:
     # stops everyone, with one line from rank 0.
     error = agree_on_config(comm, cfg, error)
     if not error and cfg.on_failure == "shrink":
-        from .ulfm import unsupported         # same answer on every rank (same launch)
+        from .resilience.ulfm import unsupported   # same answer on every rank (same launch)
         why = unsupported()
         error = f"on_failure='shrink' needs an MPI that survives failures (ULFM): {why}" \
             if why else None
@@ -72,10 +72,10 @@ def run_main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"mpirl.run: error: {error}", file=sys.stderr, flush=True)
         return 2
-    from .faults import StopRequested
-    from .modes.common import StartupMismatch
-    from .modes.sync import ReplicaDivergence   # heavy imports (torch) only from here on
-    from .train import train
+    from .designs import train              # heavy imports (torch) only from here on
+    from .designs.common import StartupMismatch
+    from .designs.sync import ReplicaDivergence
+    from .resilience.stop import StopRequested
     try:
         train(cfg, comm)
     except StopRequested as err:            # every rank stopped at the same update
@@ -97,7 +97,7 @@ def run_main(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """:func:`run_main`, and the way out of the process that fits the MPI library."""
-    from .ulfm import unsupported
+    from .resilience.ulfm import unsupported
 
     if unsupported() is not None:           # MPICH, or Open MPI without fault tolerance
         return run_main(argv)

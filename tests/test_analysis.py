@@ -14,7 +14,7 @@ import pytest
 
 import analysis
 from conftest import ROOT
-from mpirl.h5log import PHASES
+from mpirl.telemetry.schema import PHASES
 
 SYNC_2R = "butterfly-sync-2r-s1"
 ASYNC = "star-async-3r-s1-env_Delay_v0-env_arg_cost_s_0.001+episode_steps_20-straggler_1_2"

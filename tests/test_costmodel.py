@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from mpirl.costmodel import Params, coefficients, crossover, fit, predict
+from mpirl.study.costmodel import Params, coefficients, crossover, fit, predict
 
 
 def test_formulas_count_messages_bytes_and_reductions():

@@ -6,8 +6,8 @@ import gymnasium
 import numpy as np
 import pytest
 
-import mpirl.envs  # noqa: F401  (registers the ids)
-from mpirl.envs import check_env_args
+import mpirl.parts.envs  # noqa: F401  (registers the ids)
+from mpirl.parts.envs import check_env_args
 
 
 # -- Delay-v0 ----------------------------------------------------------------------------------

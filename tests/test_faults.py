@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mpirl.faults import FaultSpecError, parse_faults
+from mpirl.config import FaultSpecError, parse_faults
 from mpirun import ROOT, run_mpi
 
 SMALL = ["--total-steps", "4000", "--num-envs", "2", "--rollout-steps", "8"]

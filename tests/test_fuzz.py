@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 import topologies
 from mpirl.config import (ACTIVATIONS, LATE_POLICIES, MODES, Config, ConfigError,
                           parse_args, parse_stragglers)
-from mpirl.faults import FAIL_KINDS, NAN_POLICIES, parse_faults
+from mpirl.config import FAIL_KINDS, NAN_POLICIES, parse_faults
 from mpirun import run_mpi
 
 FIELDS = {f.name: f for f in fields(Config)}

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mpirl.h5log import PHASES, UPDATE_DTYPE, open_run
+from mpirl.telemetry.read import open_run
+from mpirl.telemetry.schema import PHASES, UPDATE_DTYPE
 from mpirl.launch import mpi_env, mpiexec_command
 from mpirun import ROOT, run_mpi
 

@@ -11,8 +11,8 @@ import numpy as np
 import opensim
 import pytest
 
-import mpirl.envs  # noqa: F401  (registers the ids)
-from mpirl.envs.l2run import LEG_JOINTS, OBS, OBS_SIZE
+import mpirl.parts.envs  # noqa: F401  (registers the ids)
+from mpirl.parts.envs.l2run import LEG_JOINTS, OBS, OBS_SIZE
 
 
 

@@ -17,9 +17,9 @@ import h5py
 import numpy as np
 import pytest
 
-from mpirl.h5log import open_run
+from mpirl.telemetry.read import open_run
 from mpirl.launch import mpi_env, mpiexec_command
-from mpirl.sentinel import read_status, status_dir
+from mpirl.resilience.sentinel import read_status, status_dir
 from mpirun import ROOT, run_mpi
 
 #: slow enough to kill mid-run (Delay-v0: 5 ms per env step, 16 steps per update)

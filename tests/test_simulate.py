@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from mpirl.costmodel import Params
-from mpirl.simulate import Compute, simulate
+from mpirl.study.costmodel import Params
+from mpirl.study.simulate import Compute, simulate
 
 FREE = Params(alpha=0.0, beta=0.0, gamma=0.0, delta=0.0)
 

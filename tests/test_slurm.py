@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from conftest import TINY, require, run_sweep
-from mpirl.h5log import open_run
+from mpirl.telemetry.read import open_run
 
 
 def slurm_ready() -> str | None:

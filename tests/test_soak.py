@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import topologies
-from mpirl.soak import Pattern, topology_tags
+from mpirl.study.soak import Pattern, topology_tags
 from mpirun import run_mpi
 
 SEED = int(os.environ.get("MPIRL_TEST_SEED", random.randrange(2**31)))

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, TINY, TINY_SWEEP, run_sweep
-from mpirl import sweep
+from mpirl.study import sweep
 
 ASYNC = "star-async-3r-s1-env_Delay_v0-env_arg_cost_s_0.001+episode_steps_20-straggler_1_2"
 EXPECTED = ["native-sync-1r-s1", "butterfly-sync-1r-s1", "native-sync-2r-s1",
@@ -217,7 +217,7 @@ def test_unusable_checkpoints_restart_saying_why(tiny_sweep, tmp_path):
 
 def test_sync_checkpoints_of_different_updates_are_not_a_set(tiny_sweep, tmp_path):
     """A job killed while its ranks were writing leaves rank 0 a checkpoint ahead."""
-    from mpirl import checkpoint
+    from mpirl.resilience import checkpoint
 
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_sweep / "native-sync-2r-s1", run_dir)

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import require
 from mpirl.launch import mpi_env, openmpi_ulfm_command
-from mpirl.sentinel import read_status, status_dir
+from mpirl.resilience.sentinel import read_status, status_dir
 from mpirun import ROOT
 
 VENV = ROOT / ".venv-ulfm"

@@ -17,11 +17,20 @@ Contract, checked by ``tests/test_topologies.py`` at several rank counts:
 * Every rank must call with a buffer of the same length and dtype; point-to-point
   topologies check the length of every message they receive and raise
   :class:`BufferMismatchError` naming both lengths instead of computing garbage.
+
+Every topology also states its cost, next to its algorithm, as MPICH states it in each
+algorithm's header: ``cost(op, p, n)`` gives the messages on the critical path, the bytes
+each rank on it moves and the bytes it reduces, for ``allreduce`` and ``bcast`` of ``n``
+bytes over ``p`` ranks.  :mod:`mpirl.study.costmodel` walks the registry, fits
+``T = messages alpha + bytes_moved beta + bytes_reduced gamma`` (+ ``messages delta``
+for topologies that send from Python) to ``mpirl.bench`` results and predicts from it.
 """
 
 from __future__ import annotations
 
 import abc
+import math
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -63,6 +72,38 @@ class CommStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+OPS = ("allreduce", "bcast")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A collective's cost terms (Hockney's model; Thakur, Rabenseifner & Gropp 2005):
+    ``T = messages * alpha + bytes_moved * beta + bytes_reduced * gamma``."""
+
+    messages: float        # messages on the critical path (each pays a latency alpha)
+    bytes_moved: float     # bytes a rank on the critical path sends or receives (beta)
+    bytes_reduced: float   # bytes it adds up (gamma)
+
+
+NO_COST = Cost(0.0, 0.0, 0.0)
+
+
+def no_model(topology: str, op: str) -> KeyError:
+    """The error for an op a topology has no cost model of."""
+    return KeyError(f"no cost model for {op} {topology}; ops: {', '.join(OPS)}")
+
+
+def fold(p: int) -> tuple[int, int]:
+    """``(q, r)``: the largest power of two ``q <= p`` and the ranks ``r = p - q`` left
+    over, which recursive doubling folds into partners."""
+    q = 1 << (p.bit_length() - 1)
+    return q, p - q
+
+
+def ceil_log2(p: int) -> int:
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
 def check_buffer(buf, what: str = "buffer") -> np.ndarray:
     """Return ``buf`` as a flat view, or raise TopologyError saying what is allowed."""
     if not isinstance(buf, np.ndarray):
@@ -94,6 +135,9 @@ class Topology(abc.ABC):
     has_master: bool = False
     #: True when ``stats.wait_s`` is kept (see :class:`CommStats`).
     measures_wait: bool = False
+    #: True when the topology sends its messages from Python (mpirl's own), so that each
+    #: pays the per-message overhead ``delta`` of the cost model; False for MPI's own.
+    from_python: bool = True
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, root: int = 0) -> None:
         if comm == MPI.COMM_NULL:
@@ -130,6 +174,12 @@ class Topology(abc.ABC):
         return buf
 
     # -- what each topology implements ---------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def cost(cls, op: str, p: int, n: float) -> Cost:
+        """The cost of ``op`` (``allreduce`` or ``bcast``) of ``n`` bytes over ``p`` ranks;
+        :data:`NO_COST` at ``p == 1``.  Raises KeyError for an op it has no model of."""
+
     @abc.abstractmethod
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         """Element-wise sum over ranks, in place, identical bytes on every rank."""

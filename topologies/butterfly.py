@@ -29,14 +29,25 @@ That costs two extra full-buffer steps for 2*rem ranks and none for the rest.
 Broadcast: the first half of a butterfly is a binomial tree (in round k the ranks that
 hold the data send to vrank XOR 2^k), so ``bcast`` is the binomial broadcast of
 :mod:`topologies.tree`.
+
+Cost of the allreduce, with ``q`` the largest power of two <= p, ``r = p - q`` and
+``x = 1`` when r > 0 (else 0)::
+
+    messages       log2(q) + 2x       the rounds, plus the fold's send-in and send-out
+    bytes moved    (log2(q) + 2x) n   every message carries the whole buffer
+    bytes reduced  (log2(q) + x) n    one add per round, one more at the fold
+
+MPICH's ``recursive_doubling`` allreduce is the same data flow.  Broadcast: the tree's.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from .base import Topology
-from .tree import binomial_bcast
+from .base import NO_COST, Cost, Topology, fold as pof2_fold, no_model
+from .tree import Tree, binomial_bcast
 
 _TAG_FOLD = 31
 _TAG_ROUND = 32
@@ -63,6 +74,18 @@ class Butterfly(Topology):
     """Recursive doubling (butterfly) allreduce with MPICH's non-power-of-two fold."""
 
     name = "butterfly"
+
+    @classmethod
+    def cost(cls, op: str, p: int, n: float) -> Cost:
+        if p == 1:
+            return NO_COST
+        if op == "allreduce":
+            q, r = pof2_fold(p)
+            steps, extra = math.log2(q), float(r > 0)
+            return Cost(steps + 2 * extra, (steps + 2 * extra) * n, (steps + extra) * n)
+        if op == "bcast":
+            return Tree.cost(op, p, n)
+        raise no_model(cls.name, op)
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         rank, size = self.rank, self.size

@@ -3,20 +3,73 @@
 Every other topology is measured against this one.  Which algorithm MPI runs is MPI's
 choice (MPICH picks by message size and rank count); ``python -m mpirl.bench`` can force
 one through MPICH's CVARs to compare like with like.
+
+Cost: that of the algorithm MPI picks.  :data:`MPICH_ALGORITHMS` gives the cost of each
+algorithm ``mpirl.bench`` can force; the cost model predicts MPI's own choice as the
+cheapest of them.  Three share a data flow with mpirl's topologies (recursive doubling:
+butterfly; ring: ring; binomial broadcast and tree allreduce: tree); the other two, with
+``q`` the largest power of two <= p, ``r = p - q``, ``x = [r > 0]``::
+
+    reduce_scatter_allgather  (Rabenseifner: recursive halving, then doubling)
+        messages 2 log2(q) + 2x, bytes moved 2(q-1)/q n + 2x n, reduced (q-1)/q n + x n
+    scatter_ring_allgather    (bcast: binomial scatter, then ring allgather)
+        messages log2(q) + p-1,  bytes moved 2(p-1)/p n
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from mpi4py import MPI
 
-from .base import Topology, _msg
+from .base import NO_COST, Cost, Topology, _msg, fold, no_model
+from .butterfly import Butterfly
+from .ring import Ring
+from .tree import Tree
+
+
+def _reduce_scatter_allgather(op: str, p: int, n: float) -> Cost:
+    if p == 1:
+        return NO_COST
+    q, r = fold(p)
+    steps, extra = math.log2(q), float(r > 0)
+    return Cost(2 * steps + 2 * extra, 2 * (q - 1) / q * n + 2 * extra * n,
+                (q - 1) / q * n + extra * n)
+
+
+def _scatter_ring_allgather(op: str, p: int, n: float) -> Cost:
+    if p == 1:
+        return NO_COST
+    q, _ = fold(p)
+    return Cost(math.log2(q) + p - 1, 2 * (p - 1) / p * n, 0.0)
+
+
+#: op -> MPICH algorithm -> its cost ``(op, p, n) -> Cost``
+MPICH_ALGORITHMS = {
+    "allreduce": {"recursive_doubling": Butterfly.cost, "ring": Ring.cost, "tree": Tree.cost,
+                  "reduce_scatter_allgather": _reduce_scatter_allgather},
+    "bcast": {"binomial": Tree.cost, "scatter_ring_allgather": _scatter_ring_allgather},
+}
 
 
 class Native(Topology):
     """The MPI library's ``Allreduce(IN_PLACE, SUM)`` and ``Bcast``."""
 
     name = "native"
+    from_python = False
+
+    @classmethod
+    def cost(cls, op: str, p: int, n: float, algorithm: str | None = None) -> Cost:
+        """The cost of MPICH's ``algorithm`` (which one MPI picks by itself depends on
+        the machine: the cost model predicts it as the cheapest of them)."""
+        algorithms = MPICH_ALGORITHMS.get(op)
+        if algorithms is None:
+            raise no_model(cls.name, op)
+        if algorithm not in algorithms:
+            raise KeyError(f"no cost model for {op} native:{algorithm}; give one of MPICH's "
+                           f"algorithms: {', '.join(algorithms)}")
+        return algorithms[algorithm](op, p, n)
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         self.comm.Allreduce(MPI.IN_PLACE, _msg(buf), op=MPI.SUM)

@@ -19,14 +19,23 @@ Broadcast is a pipelined chain along the same ring: the root's buffer is cut int
 segments of ``segment_bytes`` and passed rank to rank, each rank forwarding segment i
 while segment i+1 is already arriving.  For large buffers that approaches one buffer
 transfer time however long the chain.
+
+Cost (``s`` the broadcast's segment size)::
+
+    allreduce  messages 2(p-1), bytes moved 2(p-1)/p n, bytes reduced (p-1)/p n
+    bcast      messages a = p-2 + max(1, ceil(n/s)), bytes moved a min(n, s)
+
+MPICH's ``ring`` allreduce is the same data flow.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from mpi4py import MPI
 
-from .base import Topology, _msg
+from .base import NO_COST, Cost, Topology, _msg, no_model
 
 _TAG_REDUCE_SCATTER = 41
 _TAG_ALLGATHER = 42
@@ -44,6 +53,17 @@ class Ring(Topology):
     """Ring reduce-scatter + allgather; pipelined chain broadcast."""
 
     name = "ring"
+
+    @classmethod
+    def cost(cls, op: str, p: int, n: float, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Cost:
+        if p == 1:
+            return NO_COST
+        if op == "allreduce":
+            return Cost(2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n)
+        if op == "bcast":
+            messages = p - 2 + max(1, math.ceil(n / segment_bytes))
+            return Cost(messages, messages * min(n, segment_bytes), 0.0)
+        raise no_model(cls.name, op)
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:

@@ -5,6 +5,11 @@ Every worker sends its whole buffer to the root; the root adds them up in rank o
 each worker.  2(N-1) messages of the full buffer all pass through one rank: the root's
 bandwidth and its reduction speed bound the exchange, which is the weakness of the
 parameter server that the master-free topologies remove.
+
+Cost: everything passes through the root, one message after another::
+
+    allreduce  messages 2(p-1), bytes moved 2(p-1) n, bytes reduced (p-1) n
+    bcast      messages p-1,    bytes moved (p-1) n
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .base import Topology, _msg
+from .base import NO_COST, Cost, Topology, _msg, no_model
 
 _TAG_REDUCE = 11
 _TAG_BCAST = 12
@@ -23,6 +28,16 @@ class Star(Topology):
 
     name = "star"
     has_master = True
+
+    @classmethod
+    def cost(cls, op: str, p: int, n: float) -> Cost:
+        if p == 1:
+            return NO_COST
+        if op == "allreduce":
+            return Cost(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n)
+        if op == "bcast":
+            return Cost(p - 1, (p - 1) * n, 0.0)
+        raise no_model(cls.name, op)
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         if self.rank == self.root:

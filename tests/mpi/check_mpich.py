@@ -11,7 +11,7 @@ from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from mpirl.mpich import CVAR, DEVICE, FALLBACK, MpichTuning  # noqa: E402
+from mpirl.study.mpich import CVAR, DEVICE, FALLBACK, MpichTuning  # noqa: E402
 
 comm = MPI.COMM_WORLD
 comm.Set_errhandler(MPI.ERRORS_RETURN)

@@ -1,4 +1,18 @@
-"""Set a run up on every rank, hand it to its mode, and write what it ended with."""
+"""The training designs compared by mpirl, registered by ``--mode`` name.
+
+Each design is a function ``run(cfg, comm, run_dir) -> Summary`` that every rank calls:
+one module per architecture, each a wiring of the five parts (:mod:`mpirl.parts`) to
+ranks that says what travels between them.  How bytes move is the topology's business
+(``topologies/``); what a gradient is, the learner's.
+
+========  =========================================  ==============================
+mode      wiring                                     what travels
+========  =========================================  ==============================
+sync      every rank: envs, actor, learner            gradients, by allreduce
+async     rank 0: parameter server; others: workers   gradients up, parameters down
+quorum    as async; the server steps on K fresh ones  gradients up, parameters down
+========  =========================================  ==============================
+"""
 
 from __future__ import annotations
 
@@ -10,11 +24,15 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
-from . import sentinel
-from .config import Config
-from .launch import cpu_count
-from .modes import MODES
-from .modes.common import Summary, local_rank_count
+from ..config import MODES, Config
+from ..launch import cpu_count
+from ..resilience import sentinel
+from .common import Summary, local_rank_count
+from .paramserver import run_async, run_quorum
+from .sync import run_sync
+
+DESIGNS = {"sync": run_sync, "async": run_async, "quorum": run_quorum}
+assert tuple(DESIGNS) == MODES, "mpirl.config.MODES must name the designs registered here"
 
 
 def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
@@ -32,7 +50,7 @@ def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
 
 
 def train(cfg: Config, comm: MPI.Comm) -> Summary:
-    """Run ``cfg`` on every rank of ``comm``; rank 0 prints and saves the summary."""
+    """Run ``cfg`` on every rank of ``comm``; the writing rank prints and saves the summary."""
     rank, size = comm.Get_rank(), comm.Get_size()
     # Ranks on one node share its cores: torch's own threads would fight over them.
     torch.set_num_threads(cfg.torch_threads or max(1, cpu_count() // local_rank_count(comm)))
@@ -44,7 +62,7 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
               flush=True)
     watcher = sentinel.start(run_dir, rank)     # names this rank if it dies without a word
     try:
-        summary = MODES[cfg.mode](cfg, comm, run_dir)
+        summary = DESIGNS[cfg.mode](cfg, comm, run_dir)
     except BaseException:
         watcher.close(sentinel.REPORTED)         # mpirl.run reports it (or it is a stop)
         raise

@@ -1,21 +1,31 @@
-"""Pieces every mode shares: the run summary and episode bookkeeping."""
+"""What every design shares: building a rank's parts, the run summary, episode
+bookkeeping, and the few collectives of progress reports and start-up checks."""
 
 from __future__ import annotations
 
 import json
 import math
-import socket
-import time
 from collections import deque
-from pathlib import Path
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__
-from ..h5log import RankLog, finish_run_file, write_run_file
-from ..launch import cpu_count, mpi_library
+from ..parts.actor import Actor
+from ..parts.envs import make_envs
+from ..parts.learner import Learner
+
+
+def build_replica(cfg, rank: int, *, with_actor: bool = True) -> tuple[Learner, Actor | None]:
+    """This rank's learner (the same initial replica everywhere) and, unless it runs no
+    environment (a parameter server), its actor, seeded ``seed + 10000 * rank``."""
+    env_seed = cfg.seed + 10000 * rank
+    envs = make_envs(cfg.env, cfg.num_envs, env_seed, cfg.action_repeat, cfg.env_kwargs())
+    learner = Learner(cfg, envs.single_observation_space, envs.single_action_space)
+    if not with_actor:               # the envs only told the spaces
+        envs.close()
+        return learner, None
+    return learner, Actor(envs, env_seed, slowdown=cfg.slowdown_of(rank))
 
 
 @dataclass
@@ -76,19 +86,20 @@ class Episodes:
             return None
         return sum(self.last) / len(self.last)
 
-    def state(self) -> dict:
-        return {"window_sum": self.window_sum, "window_count": self.window_count,
-                "last": list(self.last)}
-
-    def load_state(self, state: dict) -> None:
-        self.window_sum, self.window_count = state["window_sum"], state["window_count"]
-        self.last.clear()
-        self.last.extend(state["last"])
-
     def take_window(self) -> tuple[float, int]:
         out = (self.window_sum, self.window_count)
         self.window_sum, self.window_count = 0.0, 0
         return out
+
+    def state(self) -> dict:
+        return {"episodes": {"window_sum": self.window_sum, "window_count": self.window_count,
+                             "last": list(self.last)}}
+
+    def load_state(self, state: dict) -> None:
+        saved = state["episodes"]
+        self.window_sum, self.window_count = saved["window_sum"], saved["window_count"]
+        self.last.clear()
+        self.last.extend(saved["last"])
 
 
 def final_mean_return(comm: MPI.Comm, episodes: Episodes | None) -> float:
@@ -119,81 +130,13 @@ def reached_target(target: float, recent_means: list[float], ranks: int) -> bool
         and sum(recent_means) / ranks >= target
 
 
-class RunLogger:
-    """The HDF5 log of one rank in one run: ``run.h5`` (rank 0) and ``rankNNNN.h5``.
-
-    Opening is collective (hostnames and core counts are gathered once, before any
-    exchange); every later call is local, so logging adds no traffic to the exchange
-    being measured.  ``record`` times itself: each row carries the seconds the
-    previous row cost to log (``log_s``), so the overhead is in the data."""
-
-    def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str,
-                 resume_update: int | None = None, resume_rows: int | None = None) -> None:
-        hosts = comm.allgather(socket.gethostname())
-        cores = comm.allgather(cpu_count())
-        resuming = resume_update is not None or resume_rows is not None
-        if comm.Get_rank() == 0 and not resuming:
-            write_run_file(run_dir, config=cfg.to_dict(), world_size=comm.Get_size(),
-                           hostnames=hosts, cores=cores, version=__version__,
-                           mpi_library=mpi_library())
-        self.run_dir = run_dir
-        self.rank = comm.Get_rank()
-        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update,
-                           resume_rows)
-        self._log_s = 0.0
-        self.update_start = self.exchange_start = 0.0
-
-    def mark_update_start(self) -> None:
-        """The first update starts now; each later one starts where the last record ended."""
-        self.update_start = self.log.now()
-
-    def mark_exchange_start(self) -> None:
-        self.exchange_start = self.log.now()
-
-    def record(self, update: int, phases: dict, **fields) -> None:
-        """One update row: phase seconds plus any of the row's other fields.
-
-        The update's time not in any phase is its ``other_s``; the next update starts
-        when this call returns, so consecutive rows tile the rank's time."""
-        t0 = time.perf_counter()
-        other = self.log.now() - self.update_start - sum(phases.values())
-        row = self.log.new_update(update, self.update_start, phases)
-        row["other_s"] = max(0.0, other)
-        row["exchange_t_s"] = self.exchange_start
-        for key, value in fields.items():
-            row[key] = value
-        row["log_s"] = self._log_s
-        self._log_s = time.perf_counter() - t0
-        self.update_start = self.log.now()
-
-    def episodes(self, update: int, finished: list[tuple[float, int]]) -> None:
-        for ret, length in finished:
-            self.log.episode(update, ret, length)
-
-    def sim_times(self, update: int, times) -> None:
-        self.log.sim_times(update, times)
-
-    def failure(self, update: int, event) -> None:
-        """A failure this rank survived (an :class:`mpirl.ulfm.FailureEvent`)."""
-        self.log.failure(update, unix_s=event.unix_s, detect_s=event.detect_s,
-                         recover_s=event.recover_s, size_after=event.size_after,
-                         failed=event.failed)
-
-    def close(self, totals: dict | None = None, writer: bool | None = None) -> None:
-        """``writer``: this rank finishes run.h5 (default: rank 0; after a failure the
-        lowest survivor)."""
-        self.log.close()
-        if (self.rank == 0 if writer is None else writer) and totals is not None:
-            finish_run_file(self.run_dir, totals)
-
-
 class StartupMismatch(RuntimeError):
     """Ranks disagree on something that must be equal before training starts."""
 
 
-def check_same_model(comm: MPI.Comm, replica) -> None:
+def check_same_model(comm: MPI.Comm, learner: Learner) -> None:
     """Every rank built a model of the same size (collective; same answer everywhere)."""
-    counts = comm.allgather(int(replica.flat.param_np.size))
+    counts = comm.allgather(int(learner.params.size))
     if len(set(counts)) > 1:
         odd = [r for r, c in enumerate(counts) if c != counts[0]]
         raise StartupMismatch(f"ranks {odd} built a model with a different parameter count "

@@ -56,6 +56,13 @@ class Progress:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
+    def state(self) -> dict:
+        """The run's wall time so far (a resumed run counts on from it)."""
+        return {"wall_s": self.elapsed()}
+
+    def load_state(self, state: dict) -> None:
+        self.start = time.perf_counter() - state["wall_s"]
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

@@ -1,10 +1,11 @@
-"""mpirl's own environments, registered with gymnasium when this package is imported.
+"""The environment part: vectors of gymnasium envs, and mpirl's own envs, registered
+with gymnasium when this package is imported.
 
 ``L2Run-v0``
-    NIPS 2017 Learning to Run on OpenSim (:mod:`mpirl.envs.l2run`); needs the ``osim``
+    NIPS 2017 Learning to Run on OpenSim (:mod:`mpirl.parts.envs.l2run`); needs the ``osim``
     extra: ``pip install -e '.[osim]'``.
 ``Delay-v0``
-    a synthetic env with a tunable per-step cost (:mod:`mpirl.envs.delay`), to emulate a
+    a synthetic env with a tunable per-step cost (:mod:`mpirl.parts.envs.delay`), to emulate a
     slow simulator at any scale.
 
 Keyword arguments reach them from ``--env-arg KEY=VALUE`` (repeatable) or the YAML
@@ -20,11 +21,13 @@ import importlib.util
 import gymnasium
 
 from . import delay, l2run
+from .snapshot import env_state, restore_env_state
+from .vector import ActionRepeat, make_envs
 
 #: id -> (entry point, the module whose KWARGS describe its keyword arguments)
 ENVS = {
-    "L2Run-v0": ("mpirl.envs.l2run:L2RunEnv", l2run),
-    "Delay-v0": ("mpirl.envs.delay:DelayEnv", delay),
+    "L2Run-v0": ("mpirl.parts.envs.l2run:L2RunEnv", l2run),
+    "Delay-v0": ("mpirl.parts.envs.delay:DelayEnv", delay),
 }
 
 for _id, (_entry, _module) in ENVS.items():
@@ -55,3 +58,7 @@ def check_env_args(env_id: str, kwargs: dict) -> None:
         if missing:
             raise ValueError(f"L2Run-v0 needs OpenSim and osim-rl ({', '.join(missing)} not "
                              "installed): pip install -e '.[osim]' (make test installs it)")
+
+
+__all__ = ["ENVS", "ActionRepeat", "check_env_args", "env_state", "make_envs",
+           "restore_env_state"]

@@ -15,7 +15,7 @@ previous checkpoint whole; it holds tensors, numbers and strings only and is rea
 log back to the checkpoint (rows written after it are discarded, so no update appears
 twice) and continues to the same total budget.
 
-Async and quorum runs checkpoint in *generations* (see :mod:`mpirl.modes.paramserver`
+Async and quorum runs checkpoint in *generations* (see :mod:`mpirl.designs.paramserver`
 for the snapshot protocol): generation G of rank R is
 ``RUN_DIR/checkpoints/gNNNNNN/rankNNNN.pt``, written atomically like the above.  The
 ranks of one generation write at different moments, so a crash can leave the newest
@@ -26,13 +26,57 @@ every rank has (:func:`latest_complete`) and deletes the incomplete ones after i
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+from typing import Protocol
 
-import numpy as np
 
 CHECKPOINT_DIR = "checkpoints"
+
+
+class Stateful(Protocol):
+    """A part of a rank whose state a checkpoint keeps: ``state()`` gives a dict of
+    tensors, numbers and strings under keys of its own; ``load_state(state)`` takes its
+    keys back out of a whole checkpoint."""
+
+    def state(self) -> dict: ...
+
+    def load_state(self, state: dict) -> None: ...
+
+
+class TrainingState:
+    """Everything one rank's checkpoint holds: its stateful parts, merged into one flat
+    dict (the file's format; no key may come from two parts), and put back part by part.
+
+    >>> TrainingState(learner, actor, episodes, counters).save(run_dir, rank)
+    """
+
+    def __init__(self, *parts: Stateful) -> None:
+        self.parts = parts
+
+    def state(self) -> dict:
+        out: dict = {}
+        for part in self.parts:
+            mine = part.state()
+            clash = out.keys() & mine.keys()
+            if clash:
+                raise KeyError(f"{type(part).__name__} saves {sorted(clash)}, which another "
+                               "part of the checkpoint saves too")
+            out.update(mine)
+        return out
+
+    def load_state(self, state: dict) -> None:
+        for part in self.parts:
+            part.load_state(state)
+
+    def save(self, run_dir: Path, rank: int, generation: int | None = None) -> None:
+        save(run_dir, rank, self.state(), generation)
+
+    def restore(self, run_dir: Path, rank: int, generation: int | None = None) -> dict:
+        """Load this rank's checkpoint into every part; returns the whole checkpoint."""
+        state = load(run_dir, rank, generation)
+        self.load_state(state)
+        return state
 
 
 def path_for(run_dir: Path, rank: int, generation: int | None = None) -> Path:
@@ -148,46 +192,3 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool,
         at = ", ".join(f"rank {r}: {u}" for r, u in enumerate(updates))
         raise UnusableCheckpoints(f"the ranks' checkpoints are of different updates ({at})")
     return updates[0] if isinstance(updates[0], int) else None
-
-
-# -- environment state ------------------------------------------------------------------------
-def env_state(envs) -> str | None:
-    """The dynamic state of every sub-env as JSON, or None when it cannot be captured."""
-    out = []
-    for env in envs.envs:
-        u = env.unwrapped
-        state = getattr(u, "state", None)
-        if state is None:
-            return None
-        wrapper, elapsed = env, None
-        while wrapper is not u:
-            if hasattr(wrapper, "_elapsed_steps"):
-                elapsed = wrapper._elapsed_steps
-            wrapper = wrapper.env
-        out.append({"state": np.asarray(state, dtype=np.float64).tolist(),
-                    "steps_beyond_terminated": getattr(u, "steps_beyond_terminated", None),
-                    "elapsed": elapsed,
-                    "rng": u.np_random.bit_generator.state})
-    return json.dumps(out)
-
-
-def restore_env_state(envs, text: str | None, seed: int) -> bool:
-    """Put the sub-envs back in the saved state; without one, reset them with ``seed``.
-    Returns True when the state was restored exactly."""
-    if text is None:
-        envs.reset(seed=[seed + i for i in range(envs.num_envs)])
-        return False
-    for env, saved in zip(envs.envs, json.loads(text), strict=True):
-        u = env.unwrapped
-        u.state = np.asarray(saved["state"], dtype=np.float64)
-        if hasattr(u, "steps_beyond_terminated"):
-            u.steps_beyond_terminated = saved["steps_beyond_terminated"]
-        u.np_random.bit_generator.state = saved["rng"]
-        wrapper = env
-        while wrapper is not u:
-            if hasattr(wrapper, "_elapsed_steps"):
-                wrapper._elapsed_steps = saved["elapsed"]
-            if hasattr(wrapper, "_has_reset"):
-                wrapper._has_reset = True
-            wrapper = wrapper.env
-    return True

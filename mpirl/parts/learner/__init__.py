@@ -1,0 +1,118 @@
+"""The learner part: a model, its flat parameter and gradient buffers, the loss, the
+optimizer.  It turns experience into a gradient in ``grad`` and applies a gradient; it
+never talks to other ranks (the designs decide where a gradient travels)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .flat import FlatParams
+from .losses import actor_critic_loss, gae
+from .model import ActorCritic
+
+
+@dataclass
+class Batch:
+    """One rollout ready to learn from, flattened over time and envs."""
+
+    obs: torch.Tensor        # [T*E, obs_dim]
+    actions: torch.Tensor    # [T*E] or [T*E, act_dim]
+    returns: torch.Tensor    # [T*E] value targets
+    advantages: torch.Tensor  # [T*E]
+    logp_old: torch.Tensor   # [T*E] log-probability of the action when it was taken
+
+
+class Learner:
+    """An actor-critic replica with Adam over its one flat parameter buffer.
+
+    Every rank builds it from the same seed, so every replica starts identical (a
+    design broadcasts rank 0's parameters anyway)."""
+
+    def __init__(self, cfg, obs_space, act_space) -> None:
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)            # the same initial replica on every rank
+        self.model = ActorCritic(obs_space, act_space, cfg.hidden, cfg.activation,
+                                 cfg.layer_norm)
+        self.flat = FlatParams(self.model)
+        self.opt = torch.optim.Adam([self.flat.flat], lr=cfg.lr)
+
+    @property
+    def params(self) -> np.ndarray:
+        """The parameters as one flat numpy buffer (what topologies move)."""
+        return self.flat.param_np
+
+    @property
+    def grad(self) -> np.ndarray:
+        """The gradient as one flat numpy buffer: ``backward()`` writes straight into it."""
+        return self.flat.grad_np
+
+    def batch(self, rollout) -> Batch:
+        """Targets for a :class:`~mpirl.parts.actor.Rollout`: GAE advantages and returns
+        (rewards divided by their standard deviation first, with ``--reward-scale``)."""
+        cfg = self.cfg
+        rewards = rollout.rewards
+        if cfg.reward_scale:      # the book's trick: rewards divided by the batch's std
+            rewards = rewards / (rewards.std() + 1e-8)
+        # an episode cut by a time limit is not over: bootstrap from its last observation
+        adv = gae(rewards + cfg.gamma * rollout.boot, rollout.values, rollout.dones,
+                  rollout.last_value, cfg.gamma, cfg.gae_lambda)
+        return Batch(obs=rollout.obs.flatten(0, 1), actions=rollout.actions.flatten(0, 1),
+                     returns=(adv + rollout.values).flatten(), advantages=adv.flatten(),
+                     logp_old=rollout.logp.flatten())
+
+    def gradient(self, batch: Batch, timer) -> dict:
+        """Loss on ``batch`` with the current parameters; the gradient lands in
+        :attr:`grad`.  Returns the loss's parts (the log's loss columns)."""
+        cfg = self.cfg
+        with timer("backward_s"):
+            self.flat.zero_grad()
+            loss, parts = actor_critic_loss(self.model, batch, cfg.value_coef,
+                                            cfg.entropy_coef, cfg.clip_ratio)
+            loss.backward()
+        return parts
+
+    def apply(self, timer, grad: np.ndarray | None = None) -> None:
+        """Clip and apply the gradient in :attr:`grad` (already exchanged, if at all),
+        or in ``grad``, another flat buffer of the same size, read in place (the
+        parameter server's, holding a worker's push)."""
+        flat = self.flat.flat
+        own = flat.grad
+        if grad is not None:
+            flat.grad = torch.from_numpy(grad)
+        try:
+            with timer("optimizer_s"):
+                if self.cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_([flat], self.cfg.max_grad_norm)
+                self.opt.step()
+        finally:
+            flat.grad = own
+
+    def param_digest(self) -> str:
+        """SHA-256 of the parameters alone."""
+        return hashlib.sha256(self.flat.param_np.tobytes()).hexdigest()
+
+    def digest(self) -> str:
+        """SHA-256 over the parameters and every tensor of the optimizer state."""
+        h = hashlib.sha256(self.flat.param_np.tobytes())
+        for state in self.opt.state.values():
+            for key in sorted(state):
+                value = state[key]
+                h.update(value.numpy().tobytes() if torch.is_tensor(value)
+                         else repr(value).encode())
+        return h.hexdigest()
+
+    def state(self) -> dict:
+        return {"params": torch.from_numpy(self.flat.param_np.copy()),
+                "adam": self.opt.state_dict()}
+
+    def load_state(self, state: dict) -> None:
+        self.flat.param_np[:] = state["params"].numpy()
+        if "adam" in state:           # an async worker's checkpoint holds no optimizer
+            self.opt.load_state_dict(state["adam"])
+
+
+__all__ = ["ActorCritic", "Batch", "FlatParams", "Learner", "actor_critic_loss", "gae"]

@@ -1,0 +1,96 @@
+"""The exchange a design calls: a topology on a communicator that survives failures.
+
+Every collective of a synchronous design goes through an :class:`Exchange`.  Under
+``--on-failure shrink`` (ULFM, :mod:`mpirl.resilience.ulfm`) it owns the recovery, the
+way Horovod's elastic ``State`` does: a failed allreduce is agreed by the survivors,
+the communicator shrinks, the topology is rebuilt on it, the gradient is put back from
+its saved copy and the allreduce redone, and the loop that called it never sees the
+retry; it only finds fewer ranks in :attr:`size` afterwards.  Every failure survived is
+handed to ``on_failure(update, event)`` (the log's ``failures`` table).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import numpy as np
+from mpi4py import MPI
+
+import topologies
+
+from .ulfm import Backup, FailureEvent, Team
+
+T = TypeVar("T")
+
+
+class Exchange:
+    """``topology`` (a registry name) over ``comm``, protected by a :class:`Team`."""
+
+    def __init__(self, topology: str, comm: MPI.Comm, on_failure: str = "stop", *,
+                 announce: Callable[[str], None] | None = None,
+                 failed: Callable[[int, FailureEvent], None] | None = None) -> None:
+        self.team = Team(comm, on_failure)
+        self.name = topology
+        self.topology = topologies.get(topology)(self.team.comm)
+        self.team.on_shrink(self._rebuild)
+        self._keep_copy = on_failure == "shrink"
+        self._backup: Backup | None = None
+        #: told what the rank waits in before each exchange (the watchdog's "now doing")
+        self.announce: Callable[[str], None] = announce or (lambda what: None)
+        #: told of each failure survived, with the update whose exchange saw it
+        self.failed: Callable[[int, FailureEvent], None] = failed or (lambda update, event: None)
+        self._marks = (0, 0)
+
+    @property
+    def size(self) -> int:
+        """Ranks taking part now (fewer than launched after a survived failure)."""
+        return self.team.size
+
+    @property
+    def rank(self) -> int:
+        return self.team.rank
+
+    @property
+    def world(self) -> list[int]:
+        """Launch rank of each current rank."""
+        return self.team.world
+
+    @property
+    def shrunk(self) -> bool:
+        """A failure was survived: the run goes on with fewer ranks than launched."""
+        return bool(self.team.events)
+
+    def average(self, buf: np.ndarray, update: int) -> None:
+        """Replace ``buf`` with its mean over every rank, in place (the whole exchange)."""
+        where = f"in the exchange of update {update}, waiting for other ranks"
+        self.announce(where)
+        restore = None
+        if self._keep_copy:                   # one copy per exchange, only under shrink
+            if self._backup is None or self._backup.buf is not buf:
+                self._backup = Backup(buf)
+            self._backup.save()
+            restore = self._backup.restore
+        known = len(self.team.events)
+        self.team.run(lambda c: self.topology.allreduce(buf, average=True), where, restore)
+        for event in self.team.events[known:]:
+            self.failed(update, event)
+
+    def bcast(self, buf: np.ndarray, root: int = 0) -> None:
+        """Rank ``root``'s ``buf`` on every rank (at start: not protected)."""
+        self.topology.bcast(buf, root=root)
+
+    def collective(self, op: Callable[[MPI.Comm], T], what: str) -> T:
+        """``op(comm)`` (a few numbers for progress, a checksum, a stop), agreed and
+        redone after a failure like the exchange itself."""
+        return self.team.run(op, what)
+
+    def take_bytes(self) -> tuple[int, int]:
+        """Bytes this rank's topology sent and received since the last call."""
+        stats = self.topology.stats
+        sent, received = stats.bytes_sent - self._marks[0], stats.bytes_recv - self._marks[1]
+        self._marks = (stats.bytes_sent, stats.bytes_recv)
+        return sent, received
+
+    def _rebuild(self, comm: MPI.Comm) -> None:
+        self.topology = topologies.get(self.name)(comm)
+        self._marks = (0, 0)

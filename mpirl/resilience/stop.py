@@ -1,0 +1,45 @@
+"""Stopping on a signal: SIGTERM (Slurm's time limit, kill) or SIGINT (Ctrl-C) on any
+rank stops every rank at the same update, with a checkpoint (exit status 143)."""
+
+from __future__ import annotations
+
+import threading
+
+
+class StopRequested(RuntimeError):
+    """SIGTERM or SIGINT arrived; the run checkpointed and stopped at ``update``."""
+
+    def __init__(self, update: int, run_dir) -> None:
+        super().__init__(f"stopped by a signal after update {update}; checkpoint written: "
+                         f"continue with  python -m mpirl.run --resume {run_dir}")
+        self.update = update
+
+
+class StopFlag:
+    """Catches SIGTERM (Slurm's time limit, kill) and SIGINT (Ctrl-C) on this rank; the
+    training loop asks :meth:`agreed` at each rollout boundary, so all ranks stop at the
+    same update even if the signal reached them at different moments."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.requested = 0
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = 1
+
+    def agreed(self, comm) -> bool:
+        """True on every rank when any rank was signalled (collective)."""
+        from mpi4py import MPI
+
+        return bool(comm.allreduce(self.requested, op=MPI.MAX))
+
+    def restore(self) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,288 @@
+"""``python -m mpirl.simulate``: predicted scaling of every design to thousands of ranks.
+
+    python -m mpirl.simulate --params figures/costmodel/params.json \\
+        --compute-from runs/sweeps/topologies/butterfly-sync-2r-s1 \\
+        --measured runs/sweeps/topologies runs/sweeps/straggler -o figures/simulate
+
+For each topology x mode and rank count (1 to ``--max-ranks``, default 4096) it predicts
+the time per update, updates/s, env steps/s, the workers' idle share and, for async and
+quorum, the staleness distribution, from
+
+* the exchange's cost: the alpha-beta-gamma model fitted by ``mpirl.costmodel``;
+* the compute time of one update on one rank: sampled from a measured run's log
+  (``--compute-from RUN``: every worker update's compute seconds, straggler phases and
+  all) or drawn from a distribution (``--compute-s``, ``--compute-dist``, ``--tail``);
+  ``--straggler RANK:FACTOR`` slows chosen ranks as in ``mpirl.run``;
+* the model size (``--bytes``, default the measured run's gradient size).
+
+Sync is closed form per update: every rank waits for the slowest, so an update takes
+``max_i(compute_i) + T_allreduce(p, n)`` (Monte Carlo over the compute distribution).
+Async and quorum run a discrete-event simulation of the parameter server: pushes queue at
+the server, each costs it a receive, an optimizer step and a reply (``(alpha + n beta)``
+each way, ``gamma n`` for the step: its bandwidth and processing are the bottleneck that
+grows with the worker count), and staleness is counted exactly as the runtime counts it.
+
+``--measured`` puts measured runs (their updates/s) on the same figure, and the table
+prints the simulator's error for every measured (topology, mode, ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .costmodel import Params, load_params, predict
+
+
+@dataclass
+class Prediction:
+    topology: str
+    mode: str
+    ranks: int
+    update_s: float                # wall seconds per server/optimizer update
+    updates_per_s: float
+    env_steps_per_s: float
+    idle_share: float              # workers' wall time not spent computing (waiting + moving)
+    staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def row(self) -> dict:
+        s = self.staleness
+        return {"topology": self.topology, "mode": self.mode, "ranks": self.ranks,
+                "update_s": self.update_s, "updates_per_s": self.updates_per_s,
+                "env_steps_per_s": self.env_steps_per_s, "idle_share": self.idle_share,
+                "staleness_mean": float(s.mean()) if len(s) else math.nan,
+                "staleness_p99": float(np.quantile(s, 0.99)) if len(s) else math.nan}
+
+
+class Compute:
+    """Seconds one update's computation takes on one rank: samples of a measured run,
+    or a fixed / lognormal / pareto draw, with per-rank straggler factors."""
+
+    def __init__(self, *, samples: np.ndarray | None = None, mean_s: float = 0.02,
+                 dist: str = "fixed", tail: float = 0.5, stragglers: dict | None = None,
+                 per_rank: dict | None = None, seed: int = 0) -> None:
+        self.samples, self.mean_s, self.dist, self.tail = samples, mean_s, dist, tail
+        self.stragglers = stragglers or {}
+        self.per_rank = per_rank or {}      # rank -> that rank's own measured samples
+        self.rng = np.random.default_rng(seed)
+
+    def draw(self, shape) -> np.ndarray:
+        if self.samples is not None:
+            return self.rng.choice(self.samples, size=shape)
+        if self.dist == "fixed":
+            return np.full(shape, self.mean_s)
+        if self.dist == "lognormal":
+            return self.mean_s * np.exp(self.tail * self.rng.standard_normal(shape))
+        return self.mean_s * (1.0 - self.rng.random(shape)) ** (-1.0 / self.tail)
+
+    def for_ranks(self, updates: int, ranks: np.ndarray) -> np.ndarray:
+        """``[updates, len(ranks)]`` compute seconds for those ranks."""
+        c = self.draw((updates, len(ranks)))
+        for rank, factor in self.stragglers.items():
+            c[:, ranks == rank] *= factor
+        for i, rank in enumerate(ranks):
+            if int(rank) in self.per_rank:
+                c[:, i] = self.rng.choice(self.per_rank[int(rank)], size=updates)
+        return c
+
+
+def simulate_sync(params: Params, topology: str, p: int, nbytes: float, compute: Compute,
+                  steps_per_update: int, updates: int = 200) -> Prediction:
+    c = compute.for_ranks(updates, np.arange(p))
+    exchange = predict(params, "allreduce", topology, p, nbytes) if p > 1 else 0.0
+    slowest = c.max(axis=1)
+    update_s = float(np.mean(slowest) + exchange)
+    idle = 1.0 - float(np.mean(c)) / update_s
+    return Prediction(topology, "sync", p, update_s, 1 / update_s,
+                      p * steps_per_update / update_s, idle)
+
+
+def simulate_server(params: Params, mode: str, p: int, nbytes: float, compute: Compute,
+                    steps_per_update: int, quorum: int = 0, pushes_per_worker: int = 60,
+                    max_events: int = 200_000) -> Prediction:
+    """The parameter server (rank 0) and ``p - 1`` workers, event by event, until the
+    workers have pushed ``pushes_per_worker`` gradients each *on average* (a run's budget
+    is global: fast workers push more than slow ones, as in ``mpirl.run``)."""
+    workers = p - 1
+    budget = workers * max(3, min(pushes_per_worker, max_events // workers))
+    transfer = params.alpha + nbytes * params.beta + params.delta   # one message, Python
+    step_s = nbytes * params.gamma * 4          # Adam touches the gradient ~4 times
+    rows = 4 * budget // workers + 4            # enough draws for the fastest worker
+    c = compute.for_ranks(rows, np.arange(1, p))
+    k = quorum or -(-workers // 2)
+    # events: (time the push reaches the server, worker, version it was computed on)
+    queue = [(c[0, w] + transfer, w, 0) for w in range(workers)]
+    heapq.heapify(queue)
+    pushed = np.ones(workers, dtype=np.int64)      # pushes sent so far, per worker
+    computing = c[0].copy()                        # compute seconds spent, per worker
+    busy_until, version, sent = 0.0, 0, workers
+    stale: list[int] = []
+    held: list[int] = []
+    fresh = 0
+    while queue:
+        arrive, w, computed_on = heapq.heappop(queue)
+        busy_until = max(arrive, busy_until) + transfer     # the server takes the push
+        if mode == "async":
+            stale.append(version - computed_on)
+            busy_until += step_s
+            version += 1
+            answer = [w]
+        else:
+            if computed_on == version:
+                fresh += 1
+                stale.append(0)
+            held.append(w)                                   # late ones wait, dropped
+            if fresh < k and queue:
+                continue
+            busy_until += step_s
+            version += 1
+            answer, held, fresh = held, [], 0
+        for h in answer:
+            busy_until += transfer                           # one reply after another
+            if sent < budget:
+                draw = c[pushed[h] % rows, h]
+                computing[h] += draw
+                pushed[h] += 1
+                sent += 1
+                heapq.heappush(queue, (busy_until + draw + transfer, h, version))
+    wall = busy_until
+    idle = 1.0 - float(computing.sum()) / (workers * wall) if wall else 0.0
+    return Prediction("star", mode, p, wall / max(version, 1), version / wall,
+                      sent * steps_per_update / wall, max(0.0, idle),
+                      np.asarray(stale, dtype=np.int64))
+
+
+def simulate(params: Params, topology: str, mode: str, p: int, nbytes: float,
+             compute: Compute, steps_per_update: int, quorum: int = 0) -> Prediction:
+    if mode == "sync":
+        return simulate_sync(params, topology, p, nbytes, compute, steps_per_update)
+    if p < 2:
+        raise ValueError(f"{mode} needs at least 2 ranks")
+    return simulate_server(params, mode, p, nbytes, compute, steps_per_update, quorum)
+
+
+def validate(params: Params, run_dir) -> dict:
+    """The simulator against one measured run: its own per-rank compute samples, its
+    gradient size and rank count; returns measured and predicted updates/s."""
+    from ..telemetry.read import load_run
+
+    run = load_run(run_dir)
+    u = run.updates[run.updates["role"] == "worker"]
+    per_rank = {int(r): g["compute_s"].to_numpy() for r, g in u.groupby("rank")}
+    cfg, p = run.config, int(run.meta["world_size"])
+    steps = cfg["num_envs"] * cfg["rollout_steps"] * cfg["action_repeat"]
+    compute = Compute(per_rank=per_rank, samples=u["compute_s"].to_numpy())
+    predicted = simulate(params, cfg["topology"], cfg["mode"], p,
+                         float(run.summary["gradient_bytes"]), compute, steps,
+                         quorum=cfg.get("quorum", 0))
+    measured = run.summary["updates"] / run.summary["wall_s"]
+    return {"run": run.name, "topology": cfg["topology"], "mode": cfg["mode"], "ranks": p,
+            "straggler": ",".join(cfg.get("straggler") or []) or "none",
+            "measured_updates_per_s": measured,
+            "predicted_updates_per_s": predicted.updates_per_s,
+            "error": predicted.updates_per_s / measured - 1.0,
+            "oversubscribed": bool(run.meta.get("oversubscribed", False))}
+
+
+RANKS = [1, 2, 3, 4, 5, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+DESIGNS = [("native", "sync"), ("star", "sync"), ("tree", "sync"), ("butterfly", "sync"),
+           ("ring", "sync"), ("star", "async"), ("star", "quorum")]
+
+
+def compute_from_run(run_dir: str) -> tuple[np.ndarray, float, int]:
+    """Worker compute seconds per update, gradient bytes and env steps per update."""
+    from ..telemetry.read import load_run
+
+    run = load_run(run_dir)
+    u = run.updates[(run.updates["role"] == "worker") & (run.updates["env_steps"] > 0)]
+    samples = u["compute_s"].to_numpy()
+    steps = int(np.median(u["env_steps"]))
+    nbytes = float(run.summary.get("gradient_bytes") or 0)
+    if not nbytes:
+        raise ValueError(f"{run_dir}: summary.json has no gradient_bytes (an older run?); "
+                         "give --bytes")
+    return samples, nbytes, steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpirl.simulate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", required=True,
+                        help="params.json from python -m mpirl.costmodel ... -o DIR")
+    parser.add_argument("--compute-from", metavar="RUN",
+                        help="sample per-update compute times from this run's log")
+    parser.add_argument("--compute-s", type=float, default=0.02,
+                        help="median compute seconds per update (without --compute-from)")
+    parser.add_argument("--compute-dist", choices=("fixed", "lognormal", "pareto"),
+                        default="lognormal")
+    parser.add_argument("--tail", type=float, default=0.3)
+    parser.add_argument("--bytes", type=float, help="gradient size in bytes")
+    parser.add_argument("--steps-per-update", type=int, default=64)
+    parser.add_argument("--straggler", action="append", default=[], metavar="RANK:FACTOR")
+    parser.add_argument("--max-ranks", type=int, default=4096)
+    parser.add_argument("--measured", nargs="*", default=[],
+                        help="run or sweep directories to compare with")
+    parser.add_argument("-o", "--out", help="directory for predictions.csv and the figure")
+    args = parser.parse_args(argv)
+    params = load_params(args.params)
+    samples, nbytes, steps = None, args.bytes, args.steps_per_update
+    if args.compute_from:
+        samples, run_bytes, steps = compute_from_run(args.compute_from)
+        nbytes = nbytes or run_bytes
+    if not nbytes:
+        parser.error("give --bytes or --compute-from")
+    stragglers = {int(s.split(":")[0]): float(s.split(":")[1]) for s in args.straggler}
+    rows = []
+    for topology, mode in DESIGNS:
+        for p in [r for r in RANKS if r <= args.max_ranks]:
+            if mode != "sync" and p < 2:
+                continue
+            compute = Compute(samples=samples, mean_s=args.compute_s, dist=args.compute_dist,
+                              tail=args.tail, stragglers=stragglers)
+            rows.append(simulate(params, topology, mode, p, nbytes, compute, steps).row())
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    print(f"gradient {nbytes / 1024:.1f} KiB, {steps} env steps per update per rank")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    checks = pd.DataFrame()
+    if args.measured:
+        from ..telemetry.read import find_runs
+
+        checks = pd.DataFrame([validate(params, d) for d in find_runs(*args.measured)
+                               if (d / "summary.json").is_file()])
+        print("\nvalidation against measured runs (updates/s; error = predicted/measured - 1):")
+        print(checks.drop(columns="run").to_string(
+            index=False, float_format=lambda v: f"{v:.3g}"))
+        print(f"median |error| {100 * checks['error'].abs().median():.1f}%, "
+              f"max {100 * checks['error'].abs().max():.1f}%")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "predictions.csv", index=False)
+        written = [out / "predictions.csv"]
+        if len(checks):
+            checks.to_csv(out / "validation.csv", index=False)
+            written.append(out / "validation.csv")
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from .figures import predicted_scaling_figure
+
+        fig = predicted_scaling_figure(table, checks, nbytes)
+        for fmt in ("png", "pdf"):
+            fig.savefig(out / f"predicted_scaling.{fmt}", dpi=130, bbox_inches="tight")
+            written.append(out / f"predicted_scaling.{fmt}")
+        for path in written:
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""One rank's log of one run: the rows a design records, in the files of the schema."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from mpi4py import MPI
+
+from .. import __version__
+from ..launch import cpu_count, mpi_library
+from .h5log import RankLog, finish_run_file, write_run_file
+from .timing import PhaseTimer
+
+
+class RunLogger:
+    """The HDF5 log of one rank in one run: ``run.h5`` (rank 0) and ``rankNNNN.h5``.
+
+    Opening is collective (hostnames and core counts are gathered once, before any
+    exchange); every later call is local, so logging adds no traffic to the exchange
+    being measured.  ``record`` times itself: each row carries the seconds the
+    previous row cost to log (``log_s``), so the overhead is in the data."""
+
+    def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str,
+                 resume_update: int | None = None, resume_rows: int | None = None) -> None:
+        hosts = comm.allgather(socket.gethostname())
+        cores = comm.allgather(cpu_count())
+        resuming = resume_update is not None or resume_rows is not None
+        if comm.Get_rank() == 0 and not resuming:
+            write_run_file(run_dir, config=cfg.to_dict(), world_size=comm.Get_size(),
+                           hostnames=hosts, cores=cores, version=__version__,
+                           mpi_library=mpi_library())
+        self.run_dir = run_dir
+        self.rank = comm.Get_rank()
+        self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update,
+                           resume_rows)
+        self._log_s = 0.0
+        self.update_start = self.log.now()
+
+    def begin(self) -> None:
+        """The first update starts now; each later one starts where the last record ended."""
+        self.update_start = self.log.now()
+
+    def record(self, update: int, timer: PhaseTimer, **fields) -> dict[str, float]:
+        """One update row: the phase seconds ``timer`` holds (taken from it, and
+        returned), when its exchange began, and any of the row's other fields.
+
+        The update's time not in any phase is its ``other_s``; the next update starts
+        when this call returns, so consecutive rows tile the rank's time."""
+        t0 = time.perf_counter()
+        exchange_at = timer.started_at("exchange_s")
+        phases = timer.take()
+        other = self.log.now() - self.update_start - sum(phases.values())  # before a flush
+        row = self.log.new_update(update, self.update_start, phases)
+        row["other_s"] = max(0.0, other)
+        if exchange_at is not None:
+            row["exchange_t_s"] = exchange_at - self.log.start
+        for key, value in fields.items():
+            row[key] = value
+        row["log_s"] = self._log_s
+        self._log_s = time.perf_counter() - t0
+        self.update_start = self.log.now()
+        return phases
+
+    def episodes(self, update: int, finished: list[tuple[float, int]]) -> None:
+        for ret, length in finished:
+            self.log.episode(update, ret, length)
+
+    def sim_times(self, update: int, times) -> None:
+        self.log.sim_times(update, times)
+
+    def failure(self, update: int, event) -> None:
+        """A failure this rank survived (an :class:`mpirl.resilience.ulfm.FailureEvent`)."""
+        self.log.failure(update, unix_s=event.unix_s, detect_s=event.detect_s,
+                         recover_s=event.recover_s, size_after=event.size_after,
+                         failed=event.failed)
+
+    def flush(self) -> None:
+        """Every row so far on disk (before a checkpoint that covers them)."""
+        self.log.flush()
+
+    def close(self, totals: dict | None = None, writer: bool | None = None) -> None:
+        """``writer``: this rank finishes run.h5 (default: rank 0; after a failure the
+        lowest survivor)."""
+        self.log.close()
+        if (self.rank == 0 if writer is None else writer) and totals is not None:
+            finish_run_file(self.run_dir, totals)

@@ -1,0 +1,137 @@
+"""The log schema: every table mpirl writes, shared by the writer and every reader.
+
+Layout of a run directory:
+
+``run.h5`` (written by rank 0)
+    attrs: ``schema`` (int), ``mpirl_version``, ``git_commit``, ``mpi_library``,
+    ``world_size``, ``mode``, ``topology``, ``env``, ``config_json`` (the resolved
+    configuration), ``hostnames_json`` (one per rank), ``cores_per_node_json``,
+    ``oversubscribed`` (bool: ranks outnumbered cores on some node; timings suspect),
+    ``scheduler_json`` (Slurm job id, name, nodes... when run under Slurm; else ``{}``),
+    ``start_unix_s``, ``end_unix_s`` (absent if the run did not finish),
+    ``gradients_sent`` / ``gradients_applied`` / ``gradients_dropped`` (at the end),
+    ``ranks_failed_json`` (launch ranks lost and survived, ``--on-failure shrink``).
+    At the end these are written by the lowest surviving rank.
+    ``/ranks/NNNN``: an HDF5 external link to ``rankNNNN.h5:/`` for every rank, so
+    analysis opens this one file and reaches every rank's data.
+
+``rankNNNN.h5`` (written by rank NNNN alone; no traffic between ranks)
+    attrs: ``rank``, ``hostname``, ``role`` (``worker`` or ``server``), ``start_unix_s``,
+    ``schema``.
+    ``updates``: one row per update this rank took part in (:data:`UPDATE_DTYPE`).
+    ``episodes``: one row per finished episode (:data:`EPISODE_DTYPE`).
+    ``sim_steps``: one row per env step, for envs that time their simulator
+    (:data:`SIM_STEP_DTYPE`; empty otherwise).
+    ``failures``: one row per rank failure this rank survived (:data:`FAILURE_DTYPE`).
+
+Times are seconds; ``t_s`` columns count from the rank's ``start_unix_s``.
+
+Schema history: 2 added ``exchange_t_s``, ``wait_s`` and ``other_s``; 3 the
+``failures`` table; 4 the losses of every update (``policy_loss``, ``value_loss``,
+``entropy``, ``approx_kl``) and files that a crash leaves readable by any HDF5 reader
+(:mod:`mpirl.telemetry.h5log`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SCHEMA_VERSION = 4
+#: the oldest schema the readers still read (older files lack some columns: NaN or -1)
+OLDEST_READABLE = 1
+
+#: per-update record; ``-1`` where an integer field does not apply (e.g. staleness in sync
+#: mode), NaN where a float one does not (the losses of a server's row).
+UPDATE_DTYPE = np.dtype([
+    ("update", "i8"),          # this rank's update counter (server: parameter version)
+    ("t_s", "f8"),             # start of the update, seconds since the rank's start
+    ("env_s", "f8"),           # stepping environments
+    ("forward_s", "f8"),       # policy/value inference while collecting
+    ("straggle_s", "f8"),      # injected slowdown (--straggler)
+    ("backward_s", "f8"),      # loss and backward pass
+    ("exchange_s", "f8"),      # the topology call (waiting for others + moving data)
+    ("exchange_t_s", "f8"),    # when the exchange began, seconds since the rank's start
+    ("wait_s", "f8"),          # part of exchange_s spent waiting for a peer's message;
+                               # NaN where the topology cannot tell (collectives: analysis
+                               # derives it from every rank's exchange_t_s)
+    ("optimizer_s", "f8"),     # clipping and the optimizer step
+    ("other_s", "f8"),         # the rest of the update: rollout bookkeeping, advantages,
+                               # progress reports (t_s + all phases = the next row's t_s
+                               # minus that row's log_s: every second is in some column)
+    ("bytes_sent", "i8"),      # by this rank's topology calls during the update
+    ("bytes_recv", "i8"),
+    ("env_steps", "i8"),       # env steps this rank collected for the update
+    ("param_version", "i8"),   # version of the parameters the gradient was computed on
+    ("staleness", "i8"),       # server: version applied minus version computed on
+    ("dropped", "i8"),         # server: 1 if this gradient was dropped, not applied
+    ("log_s", "f8"),           # time this rank spent logging the previous row (overhead)
+    ("policy_loss", "f8"),     # schema 4: the losses of the gradient computed for this
+    ("value_loss", "f8"),      # update (before averaging with other ranks'); NaN on a
+    ("entropy", "f8"),         # server, which computes none
+    ("approx_kl", "f8"),       # E[(r - 1) - log r], r = pi/pi_old: PPO's clipped
+                               # objective only (--clip-ratio > 0), else NaN
+])
+PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optimizer_s",
+          "other_s")
+#: the loss columns, in the order :func:`mpirl.parts.learner.losses.actor_critic_loss`
+#: reports them
+LOSSES = ("policy_loss", "value_loss", "entropy", "approx_kl")
+
+EPISODE_DTYPE = np.dtype([
+    ("update", "i8"),          # the update (sync) or push (async/quorum worker) whose
+                               # rollout the episode ended in
+    ("t_s", "f8"),
+    ("return", "f8"),
+    ("length", "i8"),
+])
+
+#: one row per environment step of an env that reports its simulation time
+#: (``info["sim_s"]``: L2Run-v0, Delay-v0), so stragglers' causes can be seen step by step
+SIM_STEP_DTYPE = np.dtype([
+    ("update", "i8"),          # the update whose rollout took the step
+    ("env", "i8"),             # which of the rank's envs
+    ("sim_s", "f8"),           # seconds inside the simulator (summed over action repeats)
+])
+
+#: one row per failure this rank survived (``--on-failure shrink``): what it saw, how
+#: long detection and recovery took, and who was left
+FAILURE_DTYPE = np.dtype([
+    ("update", "i8"),          # the update whose exchange saw the failure
+    ("t_s", "f8"),             # when recovery ended, seconds since the rank's start
+    ("unix_s", "f8"),          # the same, wall clock (to compare with a kill's time)
+    ("detect_s", "f8"),        # from entering the failed operation to the error
+    ("recover_s", "f8"),       # revoke + shrink + agreement + topology rebuild
+    ("size_after", "i8"),      # ranks left
+    ("failed", "S64"),         # launch ranks lost, comma-separated
+])
+
+#: every table of a rank file, in file order
+TABLES = (("updates", UPDATE_DTYPE), ("episodes", EPISODE_DTYPE),
+          ("sim_steps", SIM_STEP_DTYPE), ("failures", FAILURE_DTYPE))
+
+# -- microbenchmark results (python -m mpirl.bench --out FILE.h5) ------------------------------
+#: one row per (topology, message size) of a benchmark run; latencies are each rank's mean
+#: over the timed calls, reduced over ranks (the best of the rounds by average).
+BENCH_DTYPE = np.dtype([
+    ("op", "S16"),             # allreduce or bcast
+    ("topology", "S48"),       # registry name; "native:ALGO" for MPICH with a forced algorithm
+    ("bytes", "i8"),           # message size
+    ("iters", "i8"),           # timed calls per round
+    ("min_s", "f8"),
+    ("avg_s", "f8"),
+    ("max_s", "f8"),
+])
+BENCH_KIND = "mpirl.bench"
+
+
+def upgrade(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Rows of an older schema as ``dtype``: fields it lacks are NaN (floats) or -1."""
+    if rows.dtype == dtype:
+        return rows
+    out = np.empty(len(rows), dtype=dtype)
+    for name in dtype.names:
+        if name in rows.dtype.names:
+            out[name] = rows[name]
+        else:
+            out[name] = np.nan if dtype[name].kind == "f" else -1
+    return out
