@@ -17,7 +17,7 @@ MPI_FROM_PYPI = [] if os.environ.get("MPIRL_SITE_MPI") else ["mpich"]
 NOTEBOOKS = ["nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29"]
 # Learning to Run (L2Run-v0): OpenSim 4.6 from PyPI and osim-rl 2.1.5, the last release
 # with the NIPS 2017 model and its OsimModel (it brings the old gym, redis and
-# timeout-decorator); mpirl.envs.l2run adapts it to OpenSim 4.6 without editing it.
+# timeout-decorator); mpirl.parts.envs.l2run adapts it to OpenSim 4.6 without editing it.
 OSIM = ["opensim>=4.6,<4.7", "osim-rl==2.1.5"]
 
 setup(
@@ -45,8 +45,10 @@ setup(
         # running analysis/notebooks/*.ipynb headless (the tests do; Jupyter users have it)
         "notebooks": NOTEBOOKS,
         "osim": OSIM,
+        # tables (PyTables): pandas.read_hdf, one of the readers a crashed run's log is
+        # checked with
         "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "ruff>=0.5",
-                *NOTEBOOKS],
+                "tables>=3.9", *NOTEBOOKS],
     },
     entry_points={"console_scripts": ["mpirl-run=mpirl.run:main"]},
 )

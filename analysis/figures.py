@@ -18,6 +18,8 @@ from mpirl.study.figures import MODE_STYLES, TOPOLOGY_COLORS  # noqa: F401
 from mpirl.study.figures import color as _color
 from mpirl.study.figures import predicted_scaling_figure  # noqa: F401
 
+from mpirl.telemetry.schema import LOSSES
+
 from .load import COMPUTE_PHASES, Run, breakdown, scaling
 
 #: MPICH's forced algorithms in mpirl.bench results (dashed lines)
@@ -203,6 +205,46 @@ def learning_figure(runs: list[Run], smooth: int = 50) -> plt.Figure:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, ncol=2)
     fig.suptitle("Learning curves")
+    fig.tight_layout()
+    return fig
+
+
+# -- 5b. losses -------------------------------------------------------------------------------
+LOSS_LABELS = {"policy_loss": "policy loss", "value_loss": "value loss", "entropy": "entropy",
+               "approx_kl": "approx. KL (clipped objective)"}
+
+
+def has_losses(run: Run) -> bool:
+    """The run's log holds losses (schema 4 and later; worker rows)."""
+    workers = run.updates[run.updates["role"] == "worker"]
+    return bool(len(workers)) and workers["policy_loss"].notna().any()
+
+
+def losses_figure(runs: list[Run], smooth: int = 20) -> plt.Figure:
+    """Policy loss, value loss, entropy and approximate KL of every gradient computed,
+    against the env steps all ranks had collected by then, one line per run (a rolling
+    mean over ``smooth`` rows of all worker ranks, in time order)."""
+    fig, axes = plt.subplots(1, len(LOSSES), figsize=(4.6 * len(LOSSES), 4.2))
+    palette = plt.get_cmap("tab10").colors
+    for i, run in enumerate(sorted(runs, key=lambda r: r.name)):
+        u = run.updates[run.updates["role"] == "worker"].sort_values("t_unix_s")
+        steps = u["env_steps"].cumsum()
+        style = dict(color=palette[i % len(palette)], linewidth=1.2,
+                     linestyle=MODE_STYLES.get(run.config["mode"], "-"),
+                     label=f"{run.label} {run.meta['world_size']}r")
+        for ax, column in zip(axes, LOSSES, strict=True):
+            if u[column].notna().any():
+                ax.plot(steps, u[column].rolling(min(smooth, len(u)), min_periods=1).mean(),
+                        **style)
+    for ax, column in zip(axes, LOSSES, strict=True):
+        ax.set(title=LOSS_LABELS[column], xlabel="env steps (all ranks)")
+        ax.grid(alpha=0.3)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no run with --clip-ratio > 0" if column == "approx_kl"
+                    else "no data", ha="center", va="center", transform=ax.transAxes)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Losses per gradient (rolling mean of {smooth}; each rank's own gradient, "
+                 "before averaging)")
     fig.tight_layout()
     return fig
 

@@ -10,6 +10,7 @@ Reads every run (a directory with ``run.h5``) and every microbenchmark file
 ``breakdown``      mean seconds per update stacked by phase, per topology x mode x ranks;
 ``staleness``      histogram of applied gradients' staleness (async / quorum runs);
 ``learning``       return vs env steps and vs wall-clock, one line per run;
+``losses``         policy loss, value loss, entropy and approximate KL per gradient;
 ``sim_steps``      distribution of per-step simulator time (L2Run-v0, Delay-v0 runs);
 ``latency``        collective latency and bandwidth vs message size (benchmark files).
 
@@ -49,6 +50,38 @@ def pick_timeline_runs(sweep, names: list[str] | None) -> list:
     return picked
 
 
+def run_figures(sweep, args, out: Path, save, skipped: list[str]) -> None:
+    """Every figure of the runs (``save(fig, name)``); why one is left out goes to
+    ``skipped``."""
+    runs = list(sweep.by_name.values())
+    sweep.runs.to_csv(out / "runs.csv", index=False)
+    if sweep.runs["ranks"].nunique() >= 2:
+        save(figures.scaling_figure(sweep.runs), "scaling")
+    else:
+        skipped.append("scaling: runs at one rank count only")
+    for run in pick_timeline_runs(sweep, args.timeline):
+        save(figures.timeline_figure(run, tuple(args.window) if args.window else None),
+             f"timeline-{run.name}")
+    if not args.timeline and not (sweep.runs["ranks"] > 1).any():
+        skipped.append("timeline: no run with more than one rank")
+    save(figures.breakdown_figure(sweep.updates, sweep.runs), "breakdown")
+    optional = [
+        ("staleness", [r for r in runs if r.config["mode"] != "sync"],
+         figures.staleness_figure, "no async or quorum run"),
+        ("learning", runs, figures.learning_figure, "no run"),
+        ("losses", [r for r in runs if figures.has_losses(r)], figures.losses_figure,
+         "no run that logged its losses (schema 4)"),
+        ("sim_steps", [r for r in runs if len(r.sim_steps)], figures.sim_steps_figure,
+         "no run of an env that times its steps (L2Run, Delay)")]
+    for name, chosen, draw, why_not in optional:
+        if chosen:
+            save(draw(chosen), name)
+        else:
+            skipped.append(f"{name}: {why_not}")
+    print(scaling(sweep.runs)[["topology", "mode", "straggler", "ranks", "env_steps_per_s",
+                               "updates_per_s", "efficiency"]].to_string(index=False))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,34 +110,12 @@ def main(argv: list[str] | None = None) -> int:
             written.append(path)
         plt.close(fig)
 
-    if find_runs(*[p for p in args.paths if Path(p).is_dir()]):
-        sweep = load_sweep(*[p for p in args.paths if Path(p).is_dir()])
-        sweep.runs.to_csv(out / "runs.csv", index=False)
-        if sweep.runs["ranks"].nunique() >= 2:
-            save(figures.scaling_figure(sweep.runs), "scaling")
-        else:
-            skipped.append("scaling: runs at one rank count only")
-        for run in pick_timeline_runs(sweep, args.timeline):
-            save(figures.timeline_figure(run, tuple(args.window) if args.window else None),
-                 f"timeline-{run.name}")
-        if not args.timeline and not (sweep.runs["ranks"] > 1).any():
-            skipped.append("timeline: no run with more than one rank")
-        save(figures.breakdown_figure(sweep.updates, sweep.runs), "breakdown")
-        stale = [r for r in sweep.by_name.values() if r.config["mode"] != "sync"]
-        if stale:
-            save(figures.staleness_figure(stale), "staleness")
-        else:
-            skipped.append("staleness: no async or quorum run")
-        save(figures.learning_figure(list(sweep.by_name.values())), "learning")
-        timed = [r for r in sweep.by_name.values() if len(r.sim_steps)]
-        if timed:
-            save(figures.sim_steps_figure(timed), "sim_steps")
-        else:
-            skipped.append("sim_steps: no run of an env that times its steps (L2Run, Delay)")
-        print(scaling(sweep.runs)[["topology", "mode", "straggler", "ranks", "env_steps_per_s",
-                                   "updates_per_s", "efficiency"]].to_string(index=False))
+    run_dirs = [p for p in args.paths if Path(p).is_dir()]
+    if find_runs(*run_dirs):
+        run_figures(load_sweep(*run_dirs), args, out, save, skipped)
     else:
-        skipped.append("scaling, timeline, breakdown, staleness, learning: no run (run.h5)")
+        skipped.append("scaling, timeline, breakdown, staleness, learning, losses: no run "
+                       "(run.h5)")
     if find_bench(*args.paths):
         save(figures.latency_figure(load_bench(*args.paths)), "latency")
     else:

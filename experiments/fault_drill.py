@@ -126,7 +126,7 @@ def drill(name: str, spec, out: Path) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     argv = ["-m", "mpirl.run", *SLOW, *args, "--run-dir", str(out), "--run-name",
             run_dir.name]
-    for _ in range(4 if ulfm else 1):      # Open MPI's start-up segfaults: README
+    for _ in range(4 if ulfm else 1):      # Open MPI's start-up segfaults: docs/faults.md
         proc = start(nranks, argv, ulfm)
         try:
             status = wait_for(proc, run_dir, rank, at)

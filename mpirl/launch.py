@@ -14,22 +14,12 @@ import sys
 
 #: MPICH control variables set (unless the user already set them) for every launch.
 #:
-#: What was measured (MPICH 5.0.2 from the wheel, 2 cores; 2, 4 and 8 ranks; a loop of
-#: compute + 1 MiB allreduce + 64 KiB ring exchanges, and 4 KiB / 4 MiB allreduce loops;
-#: ~400 interleaved runs, medians): at mpi4py's default thread level
-#: (MPI_THREAD_MULTIPLE) a rank waiting in MPICH already gives its core away with
-#: sched_yield, so 8 ranks on 2 cores run the mixed loop in 4.3 s against an ideal of
-#: about 2.5 s, and no knob made that materially better:
-#: CH4_PROGRESS_THROTTLE (any count), POSIX_POLL_FREQUENCY, DEVICE_COLLECTIVES=none and
-#: the OFI netmod were within noise; POLLS_BEFORE_YIELD belongs to ch3, absent here;
-#: ENABLE_HEAVY_YIELD=1 gained ~15-20% on the mixed loop at 8 ranks but made a 4 KiB
-#: allreduce ~25x slower at 2 ranks (13 -> 350 us), and made no difference to
-#: `mpirl.run` at 8 ranks (5.9k vs 5.8k env steps/s).  What does starve ranks is a
-#: lower thread level: with MPI_THREAD_SINGLE a 4 MiB allreduce at 3-4 oversubscribed
-#: ranks hung for > 25 s in the shared-memory collective, which spins without
-#: yielding.  Hence: the thread level is pinned to "multiple" (:func:`apply_mpi_defaults`)
-#: and the progress throttle (usleep(1) after a poll that made no progress), neutral in
-#: every measurement above, is set as a guard for users who lower it anyway.
+#: At mpi4py's default thread level (MPI_THREAD_MULTIPLE) a rank waiting in MPICH
+#: already yields its core, and no polling knob made oversubscribed runs materially
+#: faster; a lower thread level made MPICH's shared-memory collectives spin and hang.
+#: So the thread level is pinned to "multiple" (:func:`apply_mpi_defaults`), and the
+#: progress throttle (usleep(1) after a poll that made no progress) is set as a guard
+#: for users who lower it anyway.  The measurements: docs/benchmarks.md.
 MPICH_DEFAULTS: dict[str, str] = {
     "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
     "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "1",

@@ -46,6 +46,38 @@ def config_digest(cfg) -> str:
     return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
 
 
+def startup_error(comm, argv: list[str]):
+    """``(cfg, None)``, or ``(cfg or None, the error every rank reports)`` (collective).
+
+    All ranks agree before anything starts: a rank whose flags were bad, or which was
+    launched with a different configuration (MPMD launches, per-node config files),
+    stops everyone, with one line from rank 0."""
+    cfg, error = None, None
+    try:
+        cfg = parse_args(argv).validate(comm.Get_size())
+    except ConfigError as err:
+        error = str(err)
+    error = agree_on_config(comm, cfg, error)
+    if not error and cfg.on_failure == "shrink":
+        from .resilience.ulfm import unsupported   # same answer on every rank (same launch)
+        why = unsupported()
+        if why:
+            error = f"on_failure='shrink' needs an MPI that survives failures (ULFM): {why}"
+    return cfg, error
+
+
+def clean_exits() -> dict:
+    """Exceptions that every rank sees alike, so the job ends cleanly: the exit status
+    and the prefix of rank 0's one line.  Anything else is one rank's and aborts the job."""
+    from .designs.common import StartupMismatch      # torch: only once training starts
+    from .designs.sync import ReplicaDivergence
+    from .resilience.stop import StopRequested
+
+    return {StopRequested: (143, ""),                # every rank stopped at the same update
+            StartupMismatch: (2, "error: "),
+            ReplicaDivergence: (3, "error: ")}
+
+
 def run_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     comm = MPI.COMM_WORLD
@@ -54,42 +86,21 @@ def run_main(argv: list[str] | None = None) -> int:
         if rank == 0:
             build_parser().print_help()
         return 0
-    cfg, error = None, None
-    try:
-        cfg = parse_args(argv).validate(comm.Get_size())
-    except ConfigError as err:
-        error = str(err)
-    # All ranks agree before anything starts: a rank whose flags were bad, or which was
-    # launched with a different configuration (MPMD launches, per-node config files),
-    # stops everyone, with one line from rank 0.
-    error = agree_on_config(comm, cfg, error)
-    if not error and cfg.on_failure == "shrink":
-        from .resilience.ulfm import unsupported   # same answer on every rank (same launch)
-        why = unsupported()
-        error = f"on_failure='shrink' needs an MPI that survives failures (ULFM): {why}" \
-            if why else None
+    cfg, error = startup_error(comm, argv)
     if error:
         if rank == 0:
             print(f"mpirl.run: error: {error}", file=sys.stderr, flush=True)
         return 2
     from .designs import train              # heavy imports (torch) only from here on
-    from .designs.common import StartupMismatch
-    from .designs.sync import ReplicaDivergence
-    from .resilience.stop import StopRequested
+
+    exits = clean_exits()
     try:
         train(cfg, comm)
-    except StopRequested as err:            # every rank stopped at the same update
+    except tuple(exits) as err:
+        code, prefix = exits[type(err)]
         if rank == 0:
-            print(f"mpirl.run: {err}", file=sys.stderr, flush=True)
-        return 143
-    except StartupMismatch as err:          # seen by every rank alike
-        if rank == 0:
-            print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except ReplicaDivergence as err:        # seen by every rank alike: a clean exit
-        if rank == 0:
-            print(f"mpirl.run: error: {err}", file=sys.stderr, flush=True)
-        return 3
+            print(f"mpirl.run: {prefix}{err}", file=sys.stderr, flush=True)
+        return code
     except Exception as err:                # seen by this rank alone: end the whole job now
         abort_job(comm, f"mpirl.run: error on rank {rank}: {type(err).__name__}: {err}", 1)
     return 0

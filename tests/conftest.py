@@ -1,4 +1,6 @@
+import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,22 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: the random sizes of this session (topologies, fuzzing, soak); MPIRL_TEST_SEED replays one
+SEED = int(os.environ.get("MPIRL_TEST_SEED", random.randrange(2**31)))
+
+#: the smallest batch of an ``mpirl.run``: 2 envs x 8 steps, 16 env steps per rank and update
+BATCH = ["--num-envs", "2", "--rollout-steps", "8"]
+
+#: a short run: 4000 env steps in BATCHes (83 updates at 3 ranks), ended early by faults
+SHORT = ["--total-steps", "4000", *BATCH]
+
+#: the designs' small runs (sync, async, quorum): BATCH, a progress line every 5 updates
+SMALL = [*BATCH, "--log-every", "5"]
+
+#: the book's five tricks and PPO's clipped objective, on 3000 env steps (sync and async)
+TRICKS = ["--reward-scale", "--activation", "elu", "--layer-norm", "--action-repeat", "3",
+          "--update-repeat", "3", "--clip-ratio", "0.2", "--total-steps", "3000"]
 
 #: run settings small enough that a run is dominated by start-up (torch import)
 TINY = {"env": "CartPole-v1", "num_envs": 2, "rollout_steps": 8, "log_every": 5,
@@ -26,6 +44,10 @@ TINY_SWEEP = {
               "env": ["Delay-v0"], "env_arg": [["cost_s=0.001", "episode_steps=20"]]}],
     "timeout_s": 180,
 }
+
+#: the names of the tiny sweep's sync point at 2 ranks and of its async point (run directories)
+TINY_SYNC_2R = "butterfly-sync-2r-s1"
+TINY_ASYNC = "star-async-3r-s1-env_Delay_v0-env_arg_cost_s_0.001+episode_steps_20-straggler_1_2"
 
 
 def require(why_not: str | None) -> None:
@@ -47,6 +69,16 @@ def run_sweep(definition: dict, out: Path, *args: str, timeout_s: float = 600):
     return subprocess.run([sys.executable, "-m", "mpirl.sweep", str(path), "--out", str(out),
                            *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s)
+
+
+def train(tmp_path: Path, nranks: int, *args: str, name: str = "r", timeout_s: float = 180):
+    """``mpirl.run`` with SMALL and ``args`` under mpiexec into tmp_path/name, which must
+    succeed; returns the ended job and the run's summary."""
+    from mpirun import run_mpi
+
+    result = run_mpi(nranks, ["-m", "mpirl.run", *SMALL, *args, "--run-dir", str(tmp_path),
+                              "--run-name", name], timeout_s=timeout_s)
+    return result, json.loads((tmp_path / name / "summary.json").read_text())
 
 
 @pytest.fixture(scope="session")

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import csv
+import sys
 
 import pytest
 import yaml
 
 import topologies
+from conftest import SHORT
+from mpirl.launch import mpiexec_path
 from mpirun import run_mpi
 
-TINY = ["--total-steps", "1536", "--num-envs", "2", "--rollout-steps", "16",
-        "--log-every", "4", "--checksum-every", "3"]
+#: 16 updates of 3 ranks x 2 envs x 16 steps, a progress line every 4, checksums every 3
+TINY_RUN = ["--total-steps", "1536", "--num-envs", "2", "--rollout-steps", "16",
+            "--log-every", "4", "--checksum-every", "3"]
 
 
 def read_progress(run_dir):
@@ -21,7 +25,7 @@ def read_progress(run_dir):
 
 @pytest.mark.parametrize("name", topologies.names())
 def test_sync_run_writes_config_and_progress(tmp_path, name):
-    result = run_mpi(3, ["-m", "mpirl.run", *TINY, "--topology", name,
+    result = run_mpi(3, ["-m", "mpirl.run", *TINY_RUN, "--topology", name,
                          "--run-dir", str(tmp_path), "--run-name", "r"], timeout_s=180)
     run_dir = tmp_path / "r"
     assert f"run files: {run_dir}" in result.output
@@ -70,3 +74,16 @@ def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
     assert fragment in result.output, result.output
     assert "Traceback" not in result.output
     assert not any(tmp_path.iterdir()), "a failed start must not create a run directory"
+
+
+def test_ranks_launched_with_different_configurations_are_refused(tmp_path):
+    """An MPMD launch whose second rank got another seed: refused at start, in one line."""
+    cmd = [mpiexec_path(), "-n", "1", sys.executable, "-m", "mpirl.run", *SHORT, "--seed", "1",
+           "--run-dir", str(tmp_path), ":", "-n", "1", sys.executable, "-m", "mpirl.run",
+           *SHORT, "--seed", "2", "--run-dir", str(tmp_path)]
+    result = run_mpi(2, [], command=cmd, timeout_s=120, check=False)
+    assert result.returncode == 2, result.tail()
+    assert result.output.count("mpirl.run: error:") == 1, result.tail()
+    assert "ranks [1] were launched with a configuration different from rank 0's " \
+           "(rank 1: seed=2 vs 1)" in result.output, result.tail()
+    assert not any(tmp_path.iterdir())

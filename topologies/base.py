@@ -5,7 +5,7 @@ in place on one flat, C-contiguous numpy buffer (float32 or float64) with mpi4py
 buffer (upper-case) methods, so no call pickles and no call sends one message per
 tensor.  The communicator is passed in at construction; there are no hidden globals.
 
-Contract, checked by ``tests/test_topologies.py`` at several rank counts:
+Contract, checked by ``tests/topologies/test_topologies.py`` at several rank counts:
 
 * ``allreduce(buf)`` leaves the element-wise sum over all ranks in ``buf`` on every
   rank (``average=True``: the sum divided by the rank count), byte-identical on every

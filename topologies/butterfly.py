@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from .base import NO_COST, Cost, Topology, fold as pof2_fold, no_model
+from .base import NO_COST, OPS, Cost, Topology, fold as pof2_fold, no_model
 from .tree import Tree, binomial_bcast
 
 _TAG_FOLD = 31
@@ -77,6 +77,8 @@ class Butterfly(Topology):
 
     @classmethod
     def cost(cls, op: str, p: int, n: float) -> Cost:
+        if op not in OPS:
+            raise no_model(cls.name, op)
         if p == 1:
             return NO_COST
         if op == "allreduce":

@@ -16,7 +16,7 @@ Protocol (all messages are the flat buffers themselves; no headers, no pickling)
 * server -> worker, tag ``PARAMS``: one buffer of ``count`` elements, the reply to that
   worker's last push; or tag ``STOP``: a 0-element message that ends the worker's loop.
   Two more reply tags carry the same buffer plus an instruction for the caller (the
-  checkpoint snapshot of :mod:`mpirl.modes.paramserver`): ``SNAPSHOT`` (save a
+  checkpoint snapshot of :mod:`mpirl.designs.paramserver`): ``SNAPSHOT`` (save a
   checkpoint now, then go on) and ``SNAPSHOT_STOP`` (save a checkpoint, then stop: no
   further push); :attr:`ParameterServer.snapshot` tells the worker which one came.
 * A worker has at most one push outstanding (it waits for the reply before it pushes

@@ -35,7 +35,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import NO_COST, Cost, Topology, _msg, no_model
+from .base import NO_COST, OPS, Cost, Topology, _msg, no_model
 
 _TAG_REDUCE_SCATTER = 41
 _TAG_ALLGATHER = 42
@@ -56,6 +56,8 @@ class Ring(Topology):
 
     @classmethod
     def cost(cls, op: str, p: int, n: float, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Cost:
+        if op not in OPS:
+            raise no_model(cls.name, op)
         if p == 1:
             return NO_COST
         if op == "allreduce":

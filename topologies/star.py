@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .base import NO_COST, Cost, Topology, _msg, no_model
+from .base import NO_COST, OPS, Cost, Topology, _msg, no_model
 
 _TAG_REDUCE = 11
 _TAG_BCAST = 12
@@ -31,6 +31,8 @@ class Star(Topology):
 
     @classmethod
     def cost(cls, op: str, p: int, n: float) -> Cost:
+        if op not in OPS:
+            raise no_model(cls.name, op)
         if p == 1:
             return NO_COST
         if op == "allreduce":

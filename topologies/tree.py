@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import NO_COST, Cost, Topology, ceil_log2, no_model
+from .base import NO_COST, OPS, Cost, Topology, ceil_log2, no_model
 
 _TAG_REDUCE = 21
 _TAG_BCAST = 22
@@ -57,6 +57,8 @@ class Tree(Topology):
 
     @classmethod
     def cost(cls, op: str, p: int, n: float) -> Cost:
+        if op not in OPS:
+            raise no_model(cls.name, op)
         if p == 1:
             return NO_COST
         rounds = ceil_log2(p)

@@ -27,6 +27,8 @@ from mpi4py import MPI
 from ..config import MODES, Config
 from ..launch import cpu_count
 from ..resilience import sentinel
+from ..telemetry import superblock
+from ..telemetry.h5log import rank_file, run_file
 from .common import Summary, local_rank_count
 from .paramserver import run_async, run_quorum
 from .sync import run_sync
@@ -60,7 +62,9 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
         print(f"mpirl: {size} ranks ({workers} collecting experience), mode={cfg.mode}, "
               f"topology={cfg.topology}, env={cfg.env}, budget {cfg.total_steps} env steps",
               flush=True)
-    watcher = sentinel.start(run_dir, rank)     # names this rank if it dies without a word
+    # names this rank if it dies without a word, and mends the log its death cut short
+    mend = (rank_file(run_dir, rank), *([run_file(run_dir)] if rank == 0 else []))
+    watcher = sentinel.start(run_dir, rank, mend=mend, mender=superblock.__file__)
     try:
         summary = DESIGNS[cfg.mode](cfg, comm, run_dir)
     except BaseException:

@@ -29,7 +29,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from ..config import Config
-from ..parts.actor import ModelPolicy
+from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Learner
 from ..resilience.checkpoint import TrainingState
 from ..resilience.exchange import Exchange
@@ -80,91 +80,159 @@ class Counters:
 
 
 def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
-    rank = comm.Get_rank()
-    learner, actor = build_replica(cfg, rank)
-    check_same_model(comm, learner)
-    exchange = Exchange(cfg.topology, comm, cfg.on_failure)
-    exchange.bcast(learner.params, root=0)      # identical start, whatever torch did
-    count, episodes = Counters(comm.Get_size(), cfg.steps_per_batch), Episodes()
-    progress = Progress(run_dir, enabled=rank == 0, resume=bool(cfg.resume))
-    saved = TrainingState(count, learner, actor, episodes, progress)
-    if cfg.resume:
-        saved.restore(run_dir, rank)
-    log = RunLogger(cfg, comm, run_dir, role="worker",
-                    resume_update=count.update if cfg.resume else None)
-    exchange.failed = log.failure
-
-    def checkpoint() -> None:
-        if not exchange.shrunk:       # a resume needs the launch's rank count: see docs
-            log.flush()               # the log holds every row the checkpoint covers
-            saved.save(run_dir, rank)
-
-    policy, timer, spb = ModelPolicy(learner.model), PhaseTimer(), count.steps_per_batch
-    solved = False
-    with Guard(cfg, comm, rank) as guard:
+    rank = SyncRank.start(cfg, comm, run_dir)
+    learner, actor, exchange, count = rank.learner, rank.actor, rank.exchange, rank.count
+    policy, timer, solved = ModelPolicy(learner.model), PhaseTimer(), False
+    with Guard(cfg, comm, comm.Get_rank()) as guard:
         exchange.announce = guard.at
-        log.begin()
-        while count.env_steps + exchange.size * spb <= cfg.total_steps:
+        rank.log.begin()
+        while rank.budget_left():
             count.batch_index += 1
             guard.at(f"computing update {count.update + 1}")
             batch = learner.batch(actor.collect(policy, cfg.rollout_steps, timer))
-            finished = actor.drain_episodes()
-            log.sim_times(count.update + 1, actor.drain_sim_times())
             for repeat in range(cfg.update_repeat):
                 update = count.update + 1
                 guard.at(f"computing update {update}")
                 losses = learner.gradient(batch, timer)
-                guard.check(update, learner.grad)          # --fail; NaN: stop raises
+                guard.check(update, learner.grad)          # --fail; NaN: 'stop' raises
                 with timer("exchange_s"):
-                    exchange.average(learner.grad, update)
+                    exchange.average(learner.grad, update)  # the whole exchange
                 if guard.usable(learner.grad):
                     learner.apply(timer)
                 else:                                      # a NaN every rank skips
                     count.skipped += 1
-                sent, received = exchange.take_bytes()
-                count.updated(log.record(update, timer, bytes_sent=sent, bytes_recv=received,
-                                         env_steps=spb if repeat == 0 else 0,
-                                         param_version=update - 1, staleness=0, **losses),
-                              exchange.size)
+                rank.record(update, timer, losses, first=repeat == 0)
                 guard.beat(update, "between updates")
-                if cfg.checksum_every and update % cfg.checksum_every == 0:
-                    check_replicas(learner, exchange, update)
-            count.env_steps += exchange.size * spb
-            episodes.add(finished)
-            log.episodes(count.update, finished)
-            last = count.env_steps + exchange.size * spb > cfg.total_steps
-            if (count.batch_index % cfg.log_every == 0 or last) and \
-                    report(cfg, exchange, progress, episodes, count):
+            if rank.rollout_done():                        # --target-return reached
                 solved = True
                 break
-            if cfg.checkpoint_every and count.batch_index % cfg.checkpoint_every == 0:
-                checkpoint()
             if exchange.collective(guard.stop_agreed, "stop check"):   # SIGTERM/SIGINT
                 if exchange.shrunk:
                     break             # no checkpoint after a shrink: end as if done
-                checkpoint()
-                log.close()
-                progress.close()
-                raise StopRequested(count.update, run_dir)
-    if cfg.checkpoint_every:
-        checkpoint()
-    return finish(cfg, exchange, learner, count, episodes, progress, log, solved)
+                rank.stop()
+    return rank.finish(solved)
 
 
-def report(cfg: Config, exchange: Exchange, progress: Progress, episodes: Episodes,
-           count: Counters) -> bool:
-    """A progress line (rank 0, or the lowest survivor); True when every rank's recent
-    episodes reach ``--target-return`` (collective, the same answer everywhere)."""
-    window = episodes.take_window()
-    return_sum, finished = exchange.collective(lambda c: sum_over_ranks(c, window), "progress")
-    if exchange.rank == 0:
-        progress.take_over()          # the lowest survivor reports after a failure
-    progress.report(update=count.update, env_steps=count.env_steps, episodes=finished,
-                    return_sum=return_sum, comm_share=comm_share(count.phases))
-    mine = episodes.recent_mean()
-    means = [m for m in exchange.collective(lambda c: c.allgather(mine), "progress")
-             if m is not None]
-    return reached_target(cfg.target_return, means, exchange.size)
+@dataclass
+class SyncRank:
+    """One rank of a sync run: its parts, its exchange, the state its checkpoint holds,
+    and its log; everything :func:`run_sync` does besides the algorithm."""
+
+    cfg: Config
+    run_dir: Path
+    learner: Learner
+    actor: Actor
+    exchange: Exchange
+    count: Counters
+    episodes: Episodes
+    progress: Progress
+    saved: TrainingState
+    log: RunLogger
+
+    @classmethod
+    def start(cls, cfg: Config, comm: MPI.Comm, run_dir: Path) -> "SyncRank":
+        """Build the replica, the exchange and the log; resume from a checkpoint if asked."""
+        rank = comm.Get_rank()
+        learner, actor = build_replica(cfg, rank)
+        check_same_model(comm, learner)
+        exchange = Exchange(cfg.topology, comm, cfg.on_failure)
+        exchange.bcast(learner.params, root=0)      # identical start, whatever torch did
+        count, episodes = Counters(comm.Get_size(), cfg.steps_per_batch), Episodes()
+        progress = Progress(run_dir, enabled=rank == 0, resume=bool(cfg.resume))
+        saved = TrainingState(count, learner, actor, episodes, progress)
+        if cfg.resume:
+            saved.restore(run_dir, rank)
+        log = RunLogger(cfg, comm, run_dir, role="worker",
+                        resume_update=count.update if cfg.resume else None)
+        exchange.failed = log.failure
+        return cls(cfg, run_dir, learner, actor, exchange, count, episodes, progress, saved,
+                   log)
+
+    def budget_left(self) -> bool:
+        """Another rollout of every rank fits in the env-step budget."""
+        steps = self.count.env_steps + self.exchange.size * self.count.steps_per_batch
+        return steps <= self.cfg.total_steps
+
+    def record(self, update: int, timer: PhaseTimer, losses: dict, first: bool) -> None:
+        """The update's log row and counters, and the replica check when it is due."""
+        sent, received = self.exchange.take_bytes()
+        phases = self.log.record(update, timer, bytes_sent=sent, bytes_recv=received,
+                                 env_steps=self.count.steps_per_batch if first else 0,
+                                 param_version=update - 1, staleness=0, **losses)
+        self.count.updated(phases, self.exchange.size)
+        if self.cfg.checksum_every and update % self.cfg.checksum_every == 0:
+            check_replicas(self.learner, self.exchange, update)
+
+    def rollout_done(self) -> bool:
+        """After a rollout's updates: its env steps, episodes and simulator times, the
+        progress line when due, the periodic checkpoint.  True when every rank's recent
+        episodes reach ``--target-return`` (the same answer on every rank)."""
+        cfg, count, actor = self.cfg, self.count, self.actor
+        count.env_steps += self.exchange.size * count.steps_per_batch
+        finished = actor.drain_episodes()
+        self.episodes.add(finished)
+        self.log.episodes(count.update, finished)
+        self.log.sim_times(count.update - cfg.update_repeat + 1, actor.drain_sim_times())
+        if (count.batch_index % cfg.log_every == 0 or not self.budget_left()) and self.report():
+            return True
+        if cfg.checkpoint_every and count.batch_index % cfg.checkpoint_every == 0:
+            self.checkpoint()
+        return False
+
+    def checkpoint(self) -> None:
+        if not self.exchange.shrunk:  # a resume needs the launch's rank count: docs/faults.md
+            self.log.flush()          # the log holds every row the checkpoint covers
+            self.saved.save(self.run_dir, self.exchange.rank)
+
+    def stop(self) -> None:
+        """Every rank was asked to stop (a signal): checkpoint, close, and say so."""
+        self.checkpoint()
+        self.log.close()
+        self.progress.close()
+        raise StopRequested(self.count.update, self.run_dir)
+
+    def report(self) -> bool:
+        """A progress line (rank 0, or the lowest survivor); True when every rank's recent
+        episodes reach ``--target-return`` (collective, the same answer everywhere)."""
+        exchange, count = self.exchange, self.count
+        window = self.episodes.take_window()
+        return_sum, finished = exchange.collective(lambda c: sum_over_ranks(c, window),
+                                                   "progress")
+        if exchange.rank == 0:
+            self.progress.take_over()  # the lowest survivor reports after a failure
+        self.progress.report(update=count.update, env_steps=count.env_steps,
+                             episodes=finished, return_sum=return_sum,
+                             comm_share=comm_share(count.phases))
+        mine = self.episodes.recent_mean()
+        means = [m for m in exchange.collective(lambda c: c.allgather(mine), "progress")
+                 if m is not None]
+        return reached_target(self.cfg.target_return, means, exchange.size)
+
+    def finish(self, solved: bool) -> Summary:
+        """The last checkpoint, checks and collectives, the summary, the log closed."""
+        cfg, exchange, learner, count = self.cfg, self.exchange, self.learner, self.count
+        if cfg.checkpoint_every:
+            self.checkpoint()
+        if cfg.checksum_every:
+            check_replicas(learner, exchange, count.update)
+        self.progress.close()
+        share = exchange.collective(lambda c: c.allreduce(comm_share(count.phases)),
+                                    "summary") / exchange.size
+        last_returns = exchange.collective(lambda c: final_mean_return(c, self.episodes),
+                                           "summary")
+        summary = Summary(mode="sync", topology=cfg.topology, ranks=count.world_size,
+                          updates=count.update, env_steps=count.env_steps,
+                          wall_s=self.progress.elapsed(), gradients_sent=count.gradients,
+                          gradients_applied=count.gradients, gradients_dropped=0,
+                          final_mean_return=last_returns, comm_share=share,
+                          phase_s=count.phases, reached_target=solved,
+                          param_digest=learner.param_digest(),
+                          gradient_bytes=learner.grad.nbytes, updates_skipped=count.skipped,
+                          ranks_failed=sorted(r for e in exchange.team.events
+                                              for r in e.failed),
+                          writer_rank=exchange.world[0])
+        self.log.close(summary.totals(), writer=exchange.rank == 0)
+        return summary
 
 
 def check_replicas(learner: Learner, exchange: Exchange, update: int) -> None:
@@ -178,26 +246,3 @@ def check_replicas(learner: Learner, exchange: Exchange, update: int) -> None:
         raise ReplicaDivergence(
             f"replicas diverged by update {update}: ranks {odd} differ from rank 0 in "
             "parameters or optimizer state")
-
-
-def finish(cfg: Config, exchange: Exchange, learner: Learner, count: Counters,
-           episodes: Episodes, progress: Progress, log: RunLogger, solved: bool) -> Summary:
-    """The last checks and collectives, the summary, and the log closed."""
-    if cfg.checksum_every:
-        check_replicas(learner, exchange, count.update)
-    progress.close()
-    share = exchange.collective(lambda c: c.allreduce(comm_share(count.phases)),
-                                "summary") / exchange.size
-    last_returns = exchange.collective(lambda c: final_mean_return(c, episodes), "summary")
-    failed = sorted(r for e in exchange.team.events for r in e.failed)
-    summary = Summary(mode="sync", topology=cfg.topology, ranks=count.world_size,
-                      updates=count.update, env_steps=count.env_steps,
-                      wall_s=progress.elapsed(), gradients_sent=count.gradients,
-                      gradients_applied=count.gradients, gradients_dropped=0,
-                      final_mean_return=last_returns, comm_share=share,
-                      phase_s=count.phases, reached_target=solved,
-                      param_digest=learner.param_digest(), gradient_bytes=learner.grad.nbytes,
-                      updates_skipped=count.skipped, ranks_failed=failed,
-                      writer_rank=exchange.world[0])
-    log.close(summary.totals(), writer=exchange.rank == 0)
-    return summary

@@ -133,8 +133,8 @@ class Actor:
         """What a checkpoint needs to continue the rollout exactly (tensors, text)."""
         return {"torch_rng": torch.get_rng_state(), "envs": env_state(self.envs),
                 "roller": {"obs": self.obs.clone(),
-                           "running_return": torch.as_tensor(self._running_return),
-                           "running_length": torch.as_tensor(self._running_length),
+                           "running_return": torch.tensor(self._running_return),
+                           "running_length": torch.tensor(self._running_length),
                            "rollouts": self.rollouts}}
 
     def load_state(self, state: dict) -> None:

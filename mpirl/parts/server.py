@@ -82,7 +82,10 @@ class AsyncPolicy:
 
 
 class QuorumPolicy(AsyncPolicy):
-    """Hold pushes until ``quorum`` fresh ones are in, then one step on their mean."""
+    """Hold pushes until ``quorum`` fresh ones are in, then one step on their mean.
+
+    Its :meth:`state` is that of a round boundary (a snapshot is a barrier round, so
+    nothing is held at the cut); a round in progress is not part of it."""
 
     answers_in_rounds = True
 

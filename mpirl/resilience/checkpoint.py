@@ -128,11 +128,15 @@ def save(run_dir: Path, rank: int, state: dict, generation: int | None = None) -
     path = path_for(run_dir, rank, generation)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".pt.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)       # the previous checkpoint stays whole
+        raise
 
 
 def load(run_dir: Path, rank: int, generation: int | None = None) -> dict:

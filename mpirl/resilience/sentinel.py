@@ -12,13 +12,15 @@ the read end of a pipe whose write end only the rank holds.  When the rank's pro
 ends, for whatever reason, the kernel closes the pipe and the sentinel wakes within
 milliseconds.  The rank publishes where it is into a small memory-mapped status file
 (``RUN_DIR/.status/rankNNNN``: pid, host, update, what it is doing; a few hundred
-nanoseconds per update, written by :class:`mpirl.faults.Watchdog`), and says when it
-leaves cleanly or has already printed its own error.  On an unexplained death the
-sentinel stamps the time into the status file, waits a moment for the other sentinels to
-stamp theirs, and the sentinel of the rank that died *first* prints one line: which
-rank (pid, host), at which update, doing what, and what the others were doing.  The
-others stay silent.  Its stderr is the rank's, so the launcher forwards the line like
-any output of the rank.
+nanoseconds per update, written by :class:`mpirl.resilience.watchdog.Watchdog`), and
+says when it leaves cleanly or has already printed its own error.  On an unexplained
+death the sentinel first mends the files the rank was writing (``mend``: its HDF5 log,
+whose flush the death may have cut; :mod:`mpirl.telemetry.superblock`, run with
+``runpy``), then stamps the time into the status file, waits a moment for the other
+sentinels to stamp theirs, and the sentinel of the rank that died *first* prints one
+line: which rank (pid, host), at which update, doing what, and what the others were
+doing.  The others stay silent.  Its stderr is the rank's, so the launcher forwards the
+line like any output of the rank.
 
 Limits: "first" is decided by wall-clock stamps taken as each sentinel wakes; the
 launcher's kill reaches the survivors milliseconds after the first death (6-30 ms
@@ -59,7 +61,9 @@ def status_dir(run_dir: Path) -> Path:
 class Sentinel:
     """This rank's status file and the watcher process that reports its death."""
 
-    def __init__(self, run_dir: Path, rank: int) -> None:
+    def __init__(self, run_dir: Path, rank: int, mend: tuple = (), mender: str = "") -> None:
+        """``mend``: files to pass to ``repair(path)`` of the stdlib-only module file
+        ``mender`` when the rank dies without a word."""
         self.rank = rank
         folder = status_dir(run_dir)
         folder.mkdir(parents=True, exist_ok=True)
@@ -73,7 +77,7 @@ class Sentinel:
         try:
             self._child = subprocess.Popen(
                 [sys.executable, "-S", "-c", _WATCHER, str(read_end), str(self.path),
-                 _LAYOUT.format, str(_DEATH_AT)],
+                 _LAYOUT.format, str(_DEATH_AT), mender, *map(str, mend)],
                 pass_fds=(read_end,), start_new_session=True, stdin=subprocess.DEVNULL)
         except OSError as err:           # no watcher: the run goes on, deaths go unnamed
             print(f"mpirl: rank {rank}: could not start the death watcher ({err})",
@@ -108,10 +112,10 @@ class Sentinel:
             _current = None
 
 
-def start(run_dir: Path, rank: int) -> Sentinel:
+def start(run_dir: Path, rank: int, mend: tuple = (), mender: str = "") -> Sentinel:
     """Start this rank's sentinel; :func:`publish` and :func:`reported` then reach it."""
     global _current
-    _current = Sentinel(run_dir, rank)
+    _current = Sentinel(run_dir, rank, mend, mender)
     return _current
 
 
@@ -145,7 +149,8 @@ def read_status(path: Path) -> dict | None:
 
 # The watcher: standard library only (it runs under ``python -S``, before and after the
 # rank's own modules are gone).  argv: the pipe's read end, this rank's status file, the
-# status layout and the death time's offset in it.
+# status layout, the death time's offset in it, the mending module's file ('' for none)
+# and the files to mend.
 _WATCHER = r'''
 import os, struct, sys, time
 from pathlib import Path
@@ -173,6 +178,17 @@ if me is None or me["state"] != 0:         # left cleanly, or printed its own er
 with open(path, "r+b") as f:
     f.seek(DEATH_AT)
     f.write(struct.pack("<d", died))
+if sys.argv[5]:                            # files the death may have cut in mid-write
+    import runpy
+    repair = runpy.run_path(sys.argv[5])["repair"]
+    for cut in map(Path, sys.argv[6:]):
+        try:
+            if cut.is_file() and repair(cut):
+                print(f"mpirl: rank {me['rank']} died inside a write of {cut.name}: its "
+                      "end-of-file address was moved to the file's end (every table reads "
+                      "again)", file=sys.stderr, flush=True)
+        except Exception as err:           # never in the way of the death report
+            print(f"mpirl: could not check {cut.name}: {err}", file=sys.stderr, flush=True)
 time.sleep(0.5)                            # let the other ranks' sentinels stamp theirs
 everyone = [s for s in (load(p) for p in sorted(path.parent.glob("rank*"))) if s]
 # A rank that reported its own error before this one died caused the end (abort_job

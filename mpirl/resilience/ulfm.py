@@ -128,34 +128,40 @@ class Team:
             return op(self.comm)
         while True:
             entered = time.monotonic()
-            try:
-                result, ok = op(self.comm), 1
-            except MPI.Exception as err:
-                if not is_failure(err):
-                    raise
-                result, ok, seen = None, 0, time.monotonic()
-            if ok and self.policy == "stop":
-                return result
-            if not ok and self.policy == "stop":
+            result, seen = self._attempt(op)       # seen: when a failure showed here
+            if self.policy == "stop":
+                if seen is None:
+                    return result
                 self.comm.Revoke()    # every rank blocked on this communicator gets an error
                 raise PeerFailed(f"rank(s) {self._failed_world_ranks() or '?'} failed ({what}) "
                                  f"after {seen - entered:.1f} s; ending the job "
                                  "(--on-failure shrink carries on without them, in sync mode)")
-            if not ok:                # wake ranks blocked on live peers that wait on us
+            if seen is not None:      # wake ranks blocked on live peers that wait on us
                 self.comm.Revoke()
-            try:
-                agreed = self.comm.Agree(ok)
-            except MPI.Exception as err:
-                if not is_failure(err):
-                    raise
-                agreed = 0
-            if agreed:
+            if self._agree(seen is None):
                 return result
-            if ok:
-                seen = time.monotonic()
-            self._recover(entered, seen)
+            self._recover(entered, time.monotonic() if seen is None else seen)
             if restore is not None:
                 restore()
+
+    def _attempt(self, op: Callable[[MPI.Comm], T]) -> tuple[T | None, float | None]:
+        """``(result, None)``, or ``(None, when)`` if a failure showed in ``op``."""
+        try:
+            return op(self.comm), None
+        except MPI.Exception as err:
+            if not is_failure(err):
+                raise
+            return None, time.monotonic()
+
+    def _agree(self, ok: bool) -> bool:
+        """Whether every survivor succeeded (``MPI_Comm_agree``; uniform even when a rank
+        dies during it)."""
+        try:
+            return bool(self.comm.Agree(int(ok)))
+        except MPI.Exception as err:
+            if not is_failure(err):
+                raise
+            return False
 
     def _recover(self, entered: float, seen: float) -> None:
         if not self.comm.Is_revoked():

@@ -171,6 +171,21 @@ def print_osu(op: str, best: dict, labels: list[str], args, comm) -> None:
     print()
 
 
+def variants_asked(args):
+    """The topology classes, MPICH's tuning interface (None without --mpich) and, per
+    op, the MPICH algorithms to force; raises naming an unknown one."""
+    classes = {name: topologies.get(name) for name in args.topologies}
+    tuning = MpichTuning() if args.mpich != [] else None
+    mpich = {op: (MPICH_DEFAULT[op] if args.mpich is None else args.mpich)
+             if tuning else [] for op in args.op}
+    for op, names in mpich.items():
+        bad = [a for a in names if a not in tuning.algorithms(op)]
+        if bad:
+            raise ValueError(f"MPICH has no {op} algorithm {', '.join(bad)}; it has: "
+                             f"{', '.join(tuning.algorithms(op))}")
+    return classes, tuning, mpich
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpirl.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,15 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_size:
         args.sizes = [s for s in args.sizes if s <= args.max_size]
     try:
-        classes = {name: topologies.get(name) for name in args.topologies}
-        tuning = MpichTuning() if args.mpich != [] else None
-        mpich = {op: (MPICH_DEFAULT[op] if args.mpich is None else args.mpich)
-                 if tuning else [] for op in args.op}
-        for op, names in mpich.items():
-            bad = [a for a in names if a not in tuning.algorithms(op)]
-            if bad:
-                raise ValueError(f"MPICH has no {op} algorithm {', '.join(bad)}; it has: "
-                                 f"{', '.join(tuning.algorithms(op))}")
+        classes, tuning, mpich = variants_asked(args)
     except (topologies.UnknownTopologyError, MpichError, ValueError) as err:
         if rank == 0:
             print(f"mpirl.bench: error: {err}", file=sys.stderr)

@@ -251,37 +251,46 @@ def main(argv: list[str] | None = None) -> int:
     table = pd.DataFrame(rows)
     print(f"gradient {nbytes / 1024:.1f} KiB, {steps} env steps per update per rank")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    checks = pd.DataFrame()
-    if args.measured:
-        from ..telemetry.read import find_runs
-
-        checks = pd.DataFrame([validate(params, d) for d in find_runs(*args.measured)
-                               if (d / "summary.json").is_file()])
-        print("\nvalidation against measured runs (updates/s; error = predicted/measured - 1):")
-        print(checks.drop(columns="run").to_string(
-            index=False, float_format=lambda v: f"{v:.3g}"))
-        print(f"median |error| {100 * checks['error'].abs().median():.1f}%, "
-              f"max {100 * checks['error'].abs().max():.1f}%")
+    checks = validation(params, args.measured) if args.measured else pd.DataFrame()
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "predictions.csv", index=False)
-        written = [out / "predictions.csv"]
-        if len(checks):
-            checks.to_csv(out / "validation.csv", index=False)
-            written.append(out / "validation.csv")
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from .figures import predicted_scaling_figure
-
-        fig = predicted_scaling_figure(table, checks, nbytes)
-        for fmt in ("png", "pdf"):
-            fig.savefig(out / f"predicted_scaling.{fmt}", dpi=130, bbox_inches="tight")
-            written.append(out / f"predicted_scaling.{fmt}")
-        for path in written:
-            print(f"wrote {path}")
+        write_outputs(Path(args.out), table, checks, nbytes)
     return 0
+
+
+def validation(params: Params, measured: list[str]):
+    """Every finished run under ``measured`` re-simulated (:func:`validate`), printed."""
+    import pandas as pd
+
+    from ..telemetry.read import find_runs
+
+    checks = pd.DataFrame([validate(params, d) for d in find_runs(*measured)
+                           if (d / "summary.json").is_file()])
+    print("\nvalidation against measured runs (updates/s; error = predicted/measured - 1):")
+    print(checks.drop(columns="run").to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(f"median |error| {100 * checks['error'].abs().median():.1f}%, "
+          f"max {100 * checks['error'].abs().max():.1f}%")
+    return checks
+
+
+def write_outputs(out: Path, table, checks, nbytes: float) -> None:
+    """predictions.csv, validation.csv (when there are measured runs) and the figure."""
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "predictions.csv", index=False)
+    written = [out / "predictions.csv"]
+    if len(checks):
+        checks.to_csv(out / "validation.csv", index=False)
+        written.append(out / "validation.csv")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from .figures import predicted_scaling_figure
+
+    fig = predicted_scaling_figure(table, checks, nbytes)
+    for fmt in ("png", "pdf"):
+        fig.savefig(out / f"predicted_scaling.{fmt}", dpi=130, bbox_inches="tight")
+        written.append(out / f"predicted_scaling.{fmt}")
+    for path in written:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -624,8 +624,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
+def parse(argv: list[str] | None, size: int) -> argparse.Namespace:
+    """The checked arguments for a run at ``size`` ranks (SoakError says what is wrong)."""
     args = build_parser().parse_args(argv)
+    if args.topologies is None:
+        args.topologies = [*topologies.names(), *([PARAMSERVER] if size > 1 else [])]
+    if PARAMSERVER in args.topologies and size < 2:
+        raise SoakError(f"{PARAMSERVER} needs at least 2 ranks; leave it out with "
+                        "--topologies")
     for name in ("exchanges", "rss_limit_mib", "objects_limit", "warmup"):
         low = 1 if name == "exchanges" else 0
         if getattr(args, name) < low:
@@ -645,12 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             build_parser().print_help()
         return 0
     try:
-        args = parse(argv)
-        if args.topologies is None:
-            args.topologies = [*topologies.names(), *([PARAMSERVER] if size > 1 else [])]
-        if PARAMSERVER in args.topologies and size < 2:
-            raise SoakError(f"{PARAMSERVER} needs at least 2 ranks; leave it out with "
-                            "--topologies")
+        args = parse(argv, size)
     except SoakError as err:
         if rank == 0:
             print(f"{PROG}: error: {err}", file=sys.stderr, flush=True)
@@ -662,17 +663,8 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = Watchdog(world, args.deadline_s, rank, prog=PROG, unit="exchange",
                         option="--deadline-s")
     if rank == 0:
-        print(f"# {PROG}: {size} ranks, seed {seed}, {args.exchanges} exchanges per topology "
-              f"({', '.join(args.ops)}; {', '.join(args.dtypes)}; 0 B to "
-              f"{human(args.max_bytes)}); RSS limit {args.rss_limit_mib} MiB", flush=True)
-        print(f"# buffer_mib: the exchanged buffers' bytes; sent_mib: what the topology sent, "
-              f"all ranks; rss_growth_kib: per rank after the warm-up, min..max; objects: "
-              f"gc-tracked objects, the largest growth over ranks\n"
-              f"{'topology':<12} {'exchanges':>9} {'buffer_mib':>10} {'sent_mib':>9} "
-              f"{'time_s':>7} {'exch/s':>7} {'rss_growth_kib':>15} {'objects':>7} "
-              f"{'failures':>8}", flush=True)
+        print_header(args, size, seed)
     rss: dict = {}
-    limit = args.rss_limit_mib << 20
     failed = 0
     started = time.perf_counter()
     for name in args.topologies:
@@ -682,41 +674,66 @@ def main(argv: list[str] | None = None) -> int:
         phase = kind(name, comm, args, pattern, corruptions)
         elapsed = phase.soak(seed, watchdog, rss)
         watchdog.at(f"checking {name}")
-        if isinstance(phase, TopologyPhase):
-            phase.check_identical(seed)
-        try:
-            quiet = check_quiet(comm, args.deadline_s)
-        except TimeoutError as err:
-            abort_job(world, f"{PROG}: error: {name}: {err}", 1)
-        for problem in quiet:
-            phase.fail(f"after {phase.exchanges} exchanges: {problem}")
-        if phase.rss_growth is not None and phase.rss_growth > limit:
-            phase.fail(f"rank {rank}: resident memory grew by {phase.rss_growth >> 10} KiB "
-                       f"over {phase.exchanges} exchanges (limit {args.rss_limit_mib} MiB)")
-        if phase.object_growth > args.objects_limit:
-            phase.fail(f"rank {rank}: {phase.object_growth} more Python objects after "
-                       f"{phase.exchanges} exchanges (limit {args.objects_limit})")
+        check_after(phase, seed, args, world)
         report = world.gather((phase.failures, phase.failure_count, phase.rss_growth,
                                phase.object_growth, phase.bytes_sent, elapsed), root=0)
         watchdog.beat(phase.exchanges, f"after checking {name}")
         comm.Free()
         if rank == 0:
             failed += print_phase(phase, report)
-    total = _growth(rss.get("first"), rss_bytes())
-    growth = world.gather(total, root=0)          # rank 0 prints everything: no mixed lines
-    if rank == 0:
-        for r, g in enumerate(growth):
-            if g is not None and g > limit:
-                failed += 1
-                print(f"{PROG}: FAIL rank {r}: resident memory grew by {g >> 10} KiB from the "
-                      f"first warm-up to the end (limit {args.rss_limit_mib} MiB)", flush=True)
-        cells = " ".join("n/a" if g is None else f"{g >> 10:+d}" for g in growth)
-        print(f"# rss growth per rank over the whole run (KiB): {cells}")
-        print(f"# {PROG}: {'FAILED' if failed else 'ok'}: {len(args.topologies)} topologies, "
-              f"{time.perf_counter() - started:.1f} s, seed {seed}", flush=True)
+    growth = world.gather(_growth(rss.get("first"), rss_bytes()), root=0)
+    if rank == 0:          # rank 0 prints everything: no mixed lines
+        failed += print_end(args, growth, seed, time.perf_counter() - started)
     failed = world.bcast(failed, root=0)
     watchdog.stop()
     return 1 if failed else 0
+
+
+def print_header(args, size: int, seed: int) -> None:
+    print(f"# {PROG}: {size} ranks, seed {seed}, {args.exchanges} exchanges per topology "
+          f"({', '.join(args.ops)}; {', '.join(args.dtypes)}; 0 B to "
+          f"{human(args.max_bytes)}); RSS limit {args.rss_limit_mib} MiB", flush=True)
+    print(f"# buffer_mib: the exchanged buffers' bytes; sent_mib: what the topology sent, "
+          f"all ranks; rss_growth_kib: per rank after the warm-up, min..max; objects: "
+          f"gc-tracked objects, the largest growth over ranks\n"
+          f"{'topology':<12} {'exchanges':>9} {'buffer_mib':>10} {'sent_mib':>9} "
+          f"{'time_s':>7} {'exch/s':>7} {'rss_growth_kib':>15} {'objects':>7} "
+          f"{'failures':>8}", flush=True)
+
+
+def check_after(phase: Phase, seed: int, args, world) -> None:
+    """A phase's checks once its exchanges are done: identical results on every rank,
+    nothing left in flight, no leak (each problem becomes one of its failures)."""
+    rank = world.Get_rank()
+    if isinstance(phase, TopologyPhase):
+        phase.check_identical(seed)
+    try:
+        quiet = check_quiet(phase.comm, args.deadline_s)
+    except TimeoutError as err:
+        abort_job(world, f"{PROG}: error: {phase.name}: {err}", 1)
+    for problem in quiet:
+        phase.fail(f"after {phase.exchanges} exchanges: {problem}")
+    if phase.rss_growth is not None and phase.rss_growth > args.rss_limit_mib << 20:
+        phase.fail(f"rank {rank}: resident memory grew by {phase.rss_growth >> 10} KiB "
+                   f"over {phase.exchanges} exchanges (limit {args.rss_limit_mib} MiB)")
+    if phase.object_growth > args.objects_limit:
+        phase.fail(f"rank {rank}: {phase.object_growth} more Python objects after "
+                   f"{phase.exchanges} exchanges (limit {args.objects_limit})")
+
+
+def print_end(args, growth: list, seed: int, seconds: float) -> int:
+    """Rank 0: every rank's memory growth over the whole run, the verdict; the failures."""
+    failed = 0
+    for r, g in enumerate(growth):
+        if g is not None and g > args.rss_limit_mib << 20:
+            failed += 1
+            print(f"{PROG}: FAIL rank {r}: resident memory grew by {g >> 10} KiB from the "
+                  f"first warm-up to the end (limit {args.rss_limit_mib} MiB)", flush=True)
+    cells = " ".join("n/a" if g is None else f"{g >> 10:+d}" for g in growth)
+    print(f"# rss growth per rank over the whole run (KiB): {cells}")
+    print(f"# {PROG}: {'FAILED' if failed else 'ok'}: {len(args.topologies)} topologies, "
+          f"{seconds:.1f} s, seed {seed}", flush=True)
+    return failed
 
 
 def print_phase(phase: Phase, report: list) -> int:

@@ -130,6 +130,15 @@ def load(path: str | Path) -> Sweep:
     name = data.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise SweepError(f"{path}: name={name!r}; allowed: letters, digits, '_', '.', '-'")
+    points = _points(data, path)
+    timeout = data.get("timeout_s", 1800)
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise SweepError(f"{path}: timeout_s={timeout!r}; allowed: seconds > 0")
+    return Sweep(name, points, float(timeout), _slurm_block(data, path), data)
+
+
+def _points(data: dict, path) -> list[Point]:
+    """Every point of the grid (or the union of the grids), each validated."""
     base = data.get("config") or {}
     if not isinstance(base, dict):
         raise SweepError(f"{path}: config must be a mapping of mpirl.run fields")
@@ -144,9 +153,10 @@ def load(path: str | Path) -> Sweep:
     for grid in grids:
         for point in _expand(grid, base, str(path)):
             points.setdefault(point.name, point)       # a union: repeats count once
-    timeout = data.get("timeout_s", 1800)
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise SweepError(f"{path}: timeout_s={timeout!r}; allowed: seconds > 0")
+    return list(points.values())
+
+
+def _slurm_block(data: dict, path) -> dict:
     slurm = data.get("slurm") or {}
     bad = sorted(set(slurm) - SLURM_KEYS) if isinstance(slurm, dict) else ["(not a mapping)"]
     if bad:
@@ -155,7 +165,7 @@ def load(path: str | Path) -> Sweep:
     if slurm.get("launcher", "mpirun") not in SLURM_LAUNCHERS:
         raise SweepError(f"{path}: slurm.launcher={slurm['launcher']!r}; "
                          f"allowed: {', '.join(SLURM_LAUNCHERS)}")
-    return Sweep(name, list(points.values()), float(timeout), slurm, data)
+    return slurm
 
 
 def _expand(grid: dict, base: dict, source: str) -> list[Point]:
@@ -386,6 +396,33 @@ def run_slurm(sweep: Sweep, sweep_dir: Path, todo: list[Point], plans: dict[str,
               submit: bool, wait_s: float | None) -> list[str]:
     """Write one batch script per point to run; with ``submit``, sbatch them (skipping
     points that already have a job queued or running).  Returns the points that failed."""
+    scripts = _write_scripts(sweep, sweep_dir, todo, plans)
+    if not submit:
+        for path in scripts.values():
+            print(f"  sbatch {path}")
+        return []
+    for tool in ("sbatch", "squeue"):
+        if shutil.which(tool) is None:
+            raise SweepError(f"--submit needs Slurm's {tool} on PATH; without --submit the "
+                             "scripts are written for you to submit")
+    jobs = _submit(sweep, todo, scripts)
+    with open(sweep_dir / "slurm" / "jobs.txt", "a") as f:
+        for name, job in jobs.items():
+            f.write(f"{job} {name}\n")
+    if wait_s is None or not jobs:
+        return []
+    deadline = time.monotonic() + wait_s
+    while set(_squeue(["-h", "-o", "%i", "-j", ",".join(jobs.values())])) & set(jobs.values()):
+        if time.monotonic() > deadline:
+            raise SweepError(f"jobs {', '.join(jobs.values())} still queued or running after "
+                             f"--wait {wait_s:g} s (they go on; rerun later to collect)")
+        time.sleep(1.0)
+    return [p.name for p in todo if p.name in jobs and not p.done(sweep_dir)]
+
+
+def _write_scripts(sweep: Sweep, sweep_dir: Path, todo: list[Point],
+                   plans: dict[str, Plan]) -> dict[str, Path]:
+    """``slurm/<point>.sbatch`` for every point to run."""
     scripts_dir = sweep_dir / "slurm"
     scripts_dir.mkdir(exist_ok=True)
     scripts = {}
@@ -399,14 +436,11 @@ def run_slurm(sweep: Sweep, sweep_dir: Path, todo: list[Point], plans: dict[str,
     resumed = sum(plans[p.name].action == "resume" for p in todo)
     print(f"sweep: {len(scripts)} batch script(s) in {scripts_dir}/, {resumed} of them "
           "resuming from checkpoints", flush=True)
-    if not submit:
-        for path in scripts.values():
-            print(f"  sbatch {path}")
-        return []
-    for tool in ("sbatch", "squeue"):
-        if shutil.which(tool) is None:
-            raise SweepError(f"--submit needs Slurm's {tool} on PATH; without --submit the "
-                             "scripts are written for you to submit")
+    return scripts
+
+
+def _submit(sweep: Sweep, todo: list[Point], scripts: dict[str, Path]) -> dict[str, str]:
+    """sbatch every script whose point has no job queued or running; point -> job id."""
     queued = set(_squeue(["-h", "-o", "%j"]))
     jobs = {}
     for point in todo:
@@ -419,18 +453,7 @@ def run_slurm(sweep: Sweep, sweep_dir: Path, todo: list[Point], plans: dict[str,
             raise SweepError(f"sbatch {scripts[point.name]} failed: {out.stderr.strip()}")
         jobs[point.name] = out.stdout.strip().split(";")[0]
         print(f"sweep: {point.name}: job {jobs[point.name]}", flush=True)
-    with open(scripts_dir / "jobs.txt", "a") as f:
-        for name, job in jobs.items():
-            f.write(f"{job} {name}\n")
-    if wait_s is None or not jobs:
-        return []
-    deadline = time.monotonic() + wait_s
-    while set(_squeue(["-h", "-o", "%i", "-j", ",".join(jobs.values())])) & set(jobs.values()):
-        if time.monotonic() > deadline:
-            raise SweepError(f"jobs {', '.join(jobs.values())} still queued or running after "
-                             f"--wait {wait_s:g} s (they go on; rerun later to collect)")
-        time.sleep(1.0)
-    return [p.name for p in todo if p.name in jobs and not p.done(sweep_dir)]
+    return jobs
 
 
 def _squeue(args: list[str]) -> list[str]:

@@ -15,16 +15,22 @@ Two choices make that hold:
   that flag while a writer has the file open, and a writer killed then leaves a file
   that plain readers refuse until ``h5clear`` is run; that was this log before schema
   4 (SWMR, file kept open).  A test kills ranks mid-run and reads every file back with
-  plain h5py, h5dump and pandas; a separate check killed a writer that did nothing but
-  flush 150 times, landing inside a flush nearly every time, and every file read back
-  whole, its rows those of the flushes that had completed.
+  plain h5py, h5dump and pandas.
+* Without SWMR, HDF5 writes a flush's metadata in no guaranteed order, so a kill
+  *inside* a flush (about 1 ms in every ``flush_every`` updates) can leave two things.
+  A table's new extent on disk without the rows in it: those rows read as the table's
+  fill value (update -1, NaN: :func:`mpirl.telemetry.schema.fill_row`), visibly, in
+  any reader, and the project's readers drop them (the flush's rows are lost, which the
+  promise above allows for).  Or new objects past the end-of-file address the
+  superblock records, which makes reading those tables fail: the rank's sentinel mends
+  that as the rank dies (:mod:`mpirl.telemetry.superblock`).
 * The writer opens the file without HDF5's file locks, so a reader that holds a log
   open while the run goes on (a notebook) never makes a flush fail.  Such a reader sees
   the file as it was when it opened it; reopen to see newer rows.
 
-A flush costs about 1 ms for three tables on this machine (measured: open, three
-appends through h5py's low-level interface with the memory types built once, close),
-against 2 ms for the former kept-open SWMR flush through h5py's high-level interface.
+Opening and closing the file at every flush is paid for by appending through h5py's
+low-level interface with each table's memory type built once (what it costs:
+docs/log-schema.md).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import numpy as np
 from h5py import h5d, h5f, h5p, h5s, h5t
 
 from .schema import (BENCH_DTYPE, BENCH_KIND, EPISODE_DTYPE, FAILURE_DTYPE, PHASES,
-                     SCHEMA_VERSION, SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE)
+                     SCHEMA_VERSION, SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE, fill_row)
 
 #: HDF5 file-format bounds for every file mpirl writes: the 1.8 format (superblock 2, no
 #: write-open flag; see the module doc), readable by HDF5 1.8 and every later library.
@@ -56,6 +62,16 @@ def git_commit() -> str:
         return out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def rank_file(run_dir: Path, rank: int) -> Path:
+    """The log file rank ``rank`` writes alone."""
+    return Path(run_dir) / f"rank{rank:04d}.h5"
+
+
+def run_file(run_dir: Path) -> Path:
+    """The run's metadata file, linking every rank's log."""
+    return Path(run_dir) / "run.h5"
 
 
 def _append_access() -> h5p.PropFAID:
@@ -118,7 +134,7 @@ class RankLog:
         server's rows are per push received, several may share a version)."""
         from .read import rows_until
 
-        self.path = Path(run_dir) / f"rank{rank:04d}.h5"
+        self.path = rank_file(run_dir, rank)
         kept, start_unix = {}, time.time()
         resuming = resume_update is not None or resume_rows is not None
         if resuming and self.path.is_file():
@@ -142,7 +158,8 @@ class RankLog:
                            start_unix_s=start_unix, schema=SCHEMA_VERSION)
             for table in self._tables:
                 f.create_dataset(table.name, shape=(0,), maxshape=(None,),
-                                 dtype=table.dtype, chunks=(table.chunk_rows,))
+                                 dtype=table.dtype, chunks=(table.chunk_rows,),
+                                 fillvalue=fill_row(table.dtype))
             for table in self._tables:
                 table.write(f.id, kept.get(table.name, np.zeros(0, table.dtype)))
         os.replace(tmp, self.path)
@@ -229,7 +246,7 @@ def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: l
     """Rank 0: create ``run.h5`` with the run's metadata and links to every rank's file."""
     cores_of = dict(zip(hostnames, cores, strict=True))
     oversubscribed = _oversubscribed(hostnames, cores)
-    with h5py.File(Path(run_dir) / "run.h5", "w", libver=LIBVER) as f:
+    with h5py.File(run_file(run_dir), "w", libver=LIBVER) as f:
         f.attrs.update(schema=SCHEMA_VERSION, mpirl_version=version, git_commit=git_commit(),
                        mpi_library=mpi_library, world_size=world_size, mode=config["mode"],
                        topology=config["topology"], env=config["env"],
@@ -254,7 +271,7 @@ def scheduler_info() -> dict:
 
 def finish_run_file(run_dir: Path, totals: dict) -> None:
     """The writing rank, at the end: the end time and the gradient totals."""
-    with h5py.File(Path(run_dir) / "run.h5", "a", libver=LIBVER, locking=False) as f:
+    with h5py.File(run_file(run_dir), "a", libver=LIBVER, locking=False) as f:
         f.attrs.update(end_unix_s=time.time(), **totals)
 
 

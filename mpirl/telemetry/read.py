@@ -3,7 +3,7 @@
 The reader of the schema in :mod:`mpirl.telemetry.schema`, for everything that needs a
 run's records: ``analysis`` (figures, sweeps), the simulator's validation, resuming a
 log.  Files open with plain ``h5py.File(path, "r")``, also after a crash (see
-:mod:`mpirl.telemetry.h5log`).
+:mod:`mpirl.telemetry.h5log`); rows a kill left unwritten (the fill value) are dropped.
 
 Derived columns of :attr:`Run.updates` (everything else is the log's own
 ``UPDATE_DTYPE``):
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from .schema import (BENCH_KIND, EPISODE_DTYPE, FAILURE_DTYPE, OLDEST_READABLE, PHASES,
-                     SCHEMA_VERSION, SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE, upgrade)
+                     SCHEMA_VERSION, SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE, upgrade, written)
 
 COMPUTE_PHASES = tuple(p for p in PHASES if p != "exchange_s")
 
@@ -70,7 +70,7 @@ def rows_until(path: Path, update: int | None, count: int | None = None
         start = float(f.attrs["start_unix_s"])
         out = {}
         for name, dtype in TABLES:
-            rows = upgrade(f[name][...], dtype) if name in f else np.zeros(0, dtype)
+            rows = written(upgrade(f[name][...], dtype)) if name in f else np.zeros(0, dtype)
             if update is not None:
                 rows = rows[rows["update"] <= update]
             if name == "updates" and count is not None:
@@ -136,18 +136,18 @@ def _read_rank(path: Path, rank: int) -> dict[str, pd.DataFrame]:
     """One rank file's tables, each with a ``rank`` column (and its role, start time)."""
     with open_h5(path / f"rank{rank:04d}.h5") as g:
         start, role = g.attrs["start_unix_s"], g.attrs["role"]
-        u = pd.DataFrame(upgrade(g["updates"][...], UPDATE_DTYPE))
+        u = pd.DataFrame(written(upgrade(g["updates"][...], UPDATE_DTYPE)))
         u.insert(0, "rank", rank)
         u.insert(1, "role", role)
         u["t_unix_s"] = start + u["t_s"]
         u["exchange_unix_s"] = start + u["exchange_t_s"]
-        e = pd.DataFrame(upgrade(g["episodes"][...], EPISODE_DTYPE))
+        e = pd.DataFrame(written(upgrade(g["episodes"][...], EPISODE_DTYPE)))
         e.insert(0, "rank", rank)
         e["t_unix_s"] = start + e["t_s"]
-        sim = pd.DataFrame(g["sim_steps"][...] if "sim_steps" in g
+        sim = pd.DataFrame(written(g["sim_steps"][...]) if "sim_steps" in g
                            else np.zeros(0, SIM_STEP_DTYPE))   # schema 1: absent
         sim.insert(0, "rank", rank)
-        fail = pd.DataFrame(g["failures"][...] if "failures" in g
+        fail = pd.DataFrame(written(g["failures"][...]) if "failures" in g
                             else np.zeros(0, FAILURE_DTYPE))   # schema 1-2: absent
         fail["failed"] = fail["failed"].map(bytes.decode)
         fail.insert(0, "rank", rank)

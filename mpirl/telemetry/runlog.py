@@ -48,19 +48,20 @@ class RunLogger:
 
         The update's time not in any phase is its ``other_s``; the next update starts
         when this call returns, so consecutive rows tile the rank's time."""
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()            # one clock reading ends the update ...
         exchange_at = timer.started_at("exchange_s")
         phases = timer.take()
-        other = self.log.now() - self.update_start - sum(phases.values())  # before a flush
-        row = self.log.new_update(update, self.update_start, phases)
-        row["other_s"] = max(0.0, other)
+        now = t0 - self.log.start
+        row = self.log.new_update(update, self.update_start, phases)   # (may flush)
+        row["other_s"] = max(0.0, now - self.update_start - sum(phases.values()))
         if exchange_at is not None:
             row["exchange_t_s"] = exchange_at - self.log.start
         for key, value in fields.items():
             row[key] = value
         row["log_s"] = self._log_s
-        self._log_s = time.perf_counter() - t0
-        self.update_start = self.log.now()
+        end = time.perf_counter()           # ... and one starts the next: rows tile time
+        self._log_s = end - t0
+        self.update_start = end - self.log.start
         return phases
 
     def episodes(self, update: int, finished: list[tuple[float, int]]) -> None:

@@ -26,10 +26,13 @@ Layout of a run directory:
 
 Times are seconds; ``t_s`` columns count from the rank's ``start_unix_s``.
 
+Every table's fill value (:func:`fill_row`) marks rows that were allocated but never
+written (``update`` -1): readers drop them (:func:`written`).
+
 Schema history: 2 added ``exchange_t_s``, ``wait_s`` and ``other_s``; 3 the
 ``failures`` table; 4 the losses of every update (``policy_loss``, ``value_loss``,
-``entropy``, ``approx_kl``) and files that a crash leaves readable by any HDF5 reader
-(:mod:`mpirl.telemetry.h5log`).
+``entropy``, ``approx_kl``), the fill values, and files that a crash leaves readable by
+any HDF5 reader (:mod:`mpirl.telemetry.h5log`).
 """
 
 from __future__ import annotations
@@ -108,6 +111,22 @@ FAILURE_DTYPE = np.dtype([
 #: every table of a rank file, in file order
 TABLES = (("updates", UPDATE_DTYPE), ("episodes", EPISODE_DTYPE),
           ("sim_steps", SIM_STEP_DTYPE), ("failures", FAILURE_DTYPE))
+
+
+def fill_row(dtype: np.dtype) -> np.ndarray:
+    """The fill value of a table: ``update`` (and every integer) -1, every float NaN,
+    strings empty.  A row reads as this when a writer was killed in the middle of
+    appending it (see :mod:`mpirl.telemetry.h5log`); no row ever written has update -1."""
+    row = np.zeros((), dtype=dtype)
+    for name in dtype.names:
+        kind = dtype[name].kind
+        row[name] = -1 if kind == "i" else np.nan if kind == "f" else row[name]
+    return row
+
+
+def written(rows: np.ndarray) -> np.ndarray:
+    """``rows`` without the fill rows a kill in the middle of a flush can leave."""
+    return rows[rows["update"] != -1] if len(rows) else rows
 
 # -- microbenchmark results (python -m mpirl.bench --out FILE.h5) ------------------------------
 #: one row per (topology, message size) of a benchmark run; latencies are each rank's mean

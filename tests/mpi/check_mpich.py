@@ -1,4 +1,4 @@
-"""Run under mpiexec by tests/test_bench.py: MPICH algorithms forced through MPI_T.
+"""Run under mpiexec by tests/study/test_bench.py: MPICH algorithms forced through MPI_T.
 
 Started with MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring in the environment, so MPICH's own
 reading of it tells whether our name -> value mapping (the description's order) is right.

@@ -1,4 +1,5 @@
-"""Runs the topology cases a hypothesis test drew; run under mpiexec by tests/test_fuzz.py.
+"""Runs the topology cases a hypothesis test drew; run under mpiexec by
+tests/topologies/test_fuzz_topologies.py.
 
 Usage: mpiexec -n N python tests/mpi/fuzz_topologies.py SEED CASES_JSON
 

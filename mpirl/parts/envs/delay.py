@@ -33,7 +33,7 @@ BUSY = ("sleep", "spin")
 
 MAX_COST_S = 3600.0
 
-#: keyword -> (type, check, what is allowed), used by mpirl.envs.check_env_args
+#: keyword -> (type, check, what is allowed), used by mpirl.parts.envs.check_env_args
 KWARGS = {
     "obs_dim": (int, lambda v: 1 <= v <= 1_000_000, "an int in 1..1000000"),
     "act_dim": (int, lambda v: 1 <= v <= 1_000_000, "an int in 1..1000000"),

@@ -4,6 +4,7 @@ never talks to other ranks (the designs decide where a gradient travels)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 
@@ -77,8 +78,8 @@ class Learner:
 
     def apply(self, timer, grad: np.ndarray | None = None) -> None:
         """Clip and apply the gradient in :attr:`grad` (already exchanged, if at all),
-        or in ``grad``, another flat buffer of the same size, read in place (the
-        parameter server's, holding a worker's push)."""
+        or in ``grad``, another flat buffer of the same size, used in place (the
+        parameter server's, holding a worker's push; clipping rescales it there)."""
         flat = self.flat.flat
         own = flat.grad
         if grad is not None:
@@ -107,7 +108,7 @@ class Learner:
 
     def state(self) -> dict:
         return {"params": torch.from_numpy(self.flat.param_np.copy()),
-                "adam": self.opt.state_dict()}
+                "adam": copy.deepcopy(self.opt.state_dict())}   # not the live moments
 
     def load_state(self, state: dict) -> None:
         self.flat.param_np[:] = state["params"].numpy()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,10 +16,10 @@ import h5py
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, TINY_SWEEP, run_sweep
+from conftest import ROOT, TINY, TINY_ASYNC as ASYNC, TINY_SWEEP, run_sweep
 from mpirl.study import sweep
+from mpirun import start_mpi
 
-ASYNC = "star-async-3r-s1-env_Delay_v0-env_arg_cost_s_0.001+episode_steps_20-straggler_1_2"
 EXPECTED = ["native-sync-1r-s1", "butterfly-sync-1r-s1", "native-sync-2r-s1",
             "butterfly-sync-2r-s1", ASYNC]
 
@@ -120,25 +121,30 @@ def test_a_point_stopped_by_sigterm_is_resumed_by_the_next_sweep(tmp_path):
                   "grid": {"ranks": [2], "topology": ["native"]}, "timeout_s": 120}
     (tmp_path / "long.yaml").write_text(yaml.safe_dump(definition))
     run_dir = tmp_path / "long" / "native-sync-2r-s1"
-    proc = subprocess.Popen([sys.executable, "-m", "mpirl.sweep", str(tmp_path / "long.yaml"),
-                             "--out", str(tmp_path)], cwd=ROOT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    job = start_mpi(2, [], command=[sys.executable, "-m", "mpirl.sweep",
+                                    str(tmp_path / "long.yaml"), "--out", str(tmp_path)])
+    launched = []                                  # the sweep's mpiexec, to kill on failure
     try:
         deadline = time.monotonic() + 90
         progress = run_dir / "progress.csv"
         while not (progress.is_file() and progress.read_text().count("\n") >= 3):
-            assert time.monotonic() < deadline and proc.poll() is None, "no progress in 90 s"
+            assert time.monotonic() < deadline and job.poll() is None, "no progress in 90 s"
             time.sleep(0.2)
-        (launched,) = child_pids(proc.pid)         # mpiexec, in a process group of its own
-        os.killpg(launched, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        launched = child_pids(job.pid)             # mpiexec, in a process group of its own
+        (group,) = launched
+        os.killpg(group, signal.SIGTERM)
+        job.wait(60)
+        launched = []                              # it ended before the sweep did
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            for pid in child_pids(proc.pid):
+        if job.poll() is None:
+            launched += child_pids(job.pid)        # before the sweep dies and they are orphans
+            job.kill()
+            job.wait(30)
+        for pid in launched:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-    assert proc.returncode == 1 and "FAILED (exit 143" in out, out
+    out = job.output
+    assert job.returncode == 1 and "FAILED (exit 143" in out, out
     log = (tmp_path / "long" / "logs" / "native-sync-2r-s1.out").read_text()
     stopped_at = int(log.split("stopped by a signal after update ")[1].split(";")[0])
     assert 0 < stopped_at < 250
@@ -202,7 +208,7 @@ def test_unusable_checkpoints_restart_saying_why(tiny_sweep, tmp_path):
     assert plan[ASYNC] == "restart (no checkpoints to resume from)"
     assert not (copy / "incomplete").exists()        # a dry run moves nothing
 
-    # what a batch script does as its job starts (with Slurm, tests/test_slurm.py resumes)
+    # what a batch script does as its job starts (with Slurm, test_slurm.py resumes)
     broken = subprocess.run([sys.executable, "-m", "mpirl.sweep", str(copy / "sweep.yaml"),
                              "--out", str(tmp_path), "--prepare-point", "butterfly-sync-2r-s1"],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},

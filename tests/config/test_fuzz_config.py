@@ -1,38 +1,30 @@
-"""Property-based tests (hypothesis): configurations, the YAML loader, the command line,
-and topology inputs under a real mpiexec.
+"""Property-based tests (hypothesis) of the configuration: any mapping, any YAML file,
+any command line.
 
 Configurations: any mapping is either accepted, and then every documented range holds and
 the configuration survives a save and a load, or rejected with a one-line ConfigError
 that names a field the mapping set.  Any file content either loads or raises ConfigError,
-naming the line when the YAML is invalid.  Topologies: hypothesis draws batches of cases
-(sizes from 0, dtypes, roots, unaligned and 2-D buffers, ring segment sizes, infinities
-and NaNs) on the pytest side and passes them to tests/mpi/fuzz_topologies.py at rank
-counts the other tests do not use.
+naming the line when the YAML is invalid.  (Topology inputs are fuzzed under mpiexec in
+tests/topologies/test_fuzz_topologies.py.)
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import random
 import re
 import tempfile
 from dataclasses import fields
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import topologies
 from mpirl.config import (ACTIVATIONS, LATE_POLICIES, MODES, Config, ConfigError,
                           parse_args, parse_stragglers)
 from mpirl.config import FAIL_KINDS, NAN_POLICIES, parse_faults
-from mpirun import run_mpi
 
 FIELDS = {f.name: f for f in fields(Config)}
 DEFAULTS = Config()
-SEED = int(os.environ.get("MPIRL_TEST_SEED", random.randrange(2**31)))
 
 # -- strategies -----------------------------------------------------------------------------
 floats = st.floats(allow_nan=True, allow_infinity=True)
@@ -275,32 +267,3 @@ def load_text(content) -> None:
 @example(content="1: a\nseed: 2\n")                       # a key that is not a string
 def test_any_file_loads_or_is_refused_naming_the_line(content):
     load_text(content)
-
-
-# -- topologies under mpiexec -----------------------------------------------------------------
-def case_strategy(name: str | None = None) -> st.SearchStrategy:
-    return st.fixed_dictionaries({
-        "topology": st.sampled_from(topologies.names()) if name is None else st.just(name),
-        "op": st.sampled_from(["sum", "avg", "bcast"]),
-        "n": st.one_of(st.integers(0, 12), st.integers(13, 5000), st.integers(5000, 300_000)),
-        "dtype": st.sampled_from(["float32", "float64"]),
-        "root": st.integers(0, 63),
-        "topo_root": st.integers(0, 63),
-        "offset": st.sampled_from([0, 0, 4, 8, 1, 3]),
-        "rows": st.sampled_from([0, 0, 2, 3, 7]),
-        "segment_bytes": st.sampled_from([0, 8, 12, 64, 1000, 4096]),
-        "special": st.sampled_from([0, 0, 0, 1, 3, 10]),
-    })
-
-
-@pytest.mark.parametrize("nranks", [2, 6, 7])
-@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
-@given(cases=st.lists(case_strategy(), min_size=40, max_size=60))
-def test_topologies_take_any_buffer_at_other_rank_counts(nranks, cases):
-    """Non-powers of two with 2 and 3 folded pairs (6, 7), sizes 0 to 300 000, float32
-    and float64, roots beyond the rank count (taken mod N), unaligned and 2-D buffers,
-    ring bcasts cut into segments of 1 element up, infinities and NaNs."""
-    result = run_mpi(nranks, ["tests/mpi/fuzz_topologies.py", str(SEED), json.dumps(cases)],
-                     timeout_s=180, check=False)
-    assert result.returncode == 0 and "failures=0" in result.output, \
-        f"seed {SEED}:\n{result.tail(30)}"

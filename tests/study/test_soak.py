@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import topologies
+from conftest import SEED
 from mpirl.study.soak import Pattern, topology_tags
 from mpirun import run_mpi
 
-SEED = int(os.environ.get("MPIRL_TEST_SEED", random.randrange(2**31)))
 ALL = [*topologies.names(), "paramserver"]
 
 

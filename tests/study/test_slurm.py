@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import TINY, require, run_sweep
+from conftest import BATCH, TINY, require, run_sweep
 from mpirl.telemetry.read import open_run
 
 
@@ -92,7 +92,7 @@ def test_hand_written_array_template_runs_one_topology_per_task(slurm, tmp_path)
     out = subprocess.run(
         ["sbatch", "--parsable", "--wait", "--ntasks=2", "--array=0-1",
          f"--output={tmp_path}/slurm-%A_%a.out", "experiments/slurm/topologies_array.sbatch",
-         "--total-steps", "640", "--num-envs", "2", "--rollout-steps", "8"],
+         "--total-steps", "640", *BATCH],
         cwd=ROOT, env={**os.environ, "MPIRL_RUN_DIR": str(tmp_path)}, capture_output=True,
         text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -111,7 +111,7 @@ def test_hand_written_single_run_template(slurm, tmp_path):
     out = subprocess.run(
         ["sbatch", "--parsable", "--wait", "--ntasks=3", "--job-name=one",
          f"--output={tmp_path}/slurm-%j.out", "experiments/slurm/run.sbatch",
-         "--topology", "ring", "--total-steps", "640", "--num-envs", "2", "--rollout-steps", "8"],
+         "--topology", "ring", "--total-steps", "640", *BATCH],
         cwd=ROOT, env={**os.environ, "MPIRL_RUN_DIR": str(tmp_path)}, capture_output=True,
         text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -8,16 +8,13 @@ MPIRL_TEST_SEED to replay one).
 
 from __future__ import annotations
 
-import os
-import random
-
 import pytest
 
 import topologies
+from conftest import SEED
 from mpirun import run_mpi
 
 RANK_COUNTS = [1, 2, 3, 4, 5, 8]
-SEED = int(os.environ.get("MPIRL_TEST_SEED", random.randrange(2**31)))
 SCRIPT = "tests/mpi/check_topologies.py"
 
 

@@ -83,16 +83,15 @@ def test_env_arguments_are_checked_before_any_env_is_built(env_id, kwargs, messa
         check_env_args(env_id, kwargs)
 
 
-
 def test_delay_env_under_async_training_logs_worker_step_times(tmp_path):
     from analysis import load_run
+    from conftest import BATCH
     from mpirun import run_mpi
 
     run_mpi(3, ["-m", "mpirl.run", "--env", "Delay-v0", "--env-arg", "cost_s=0.001",
                 "--env-arg", "dist=pareto", "--env-arg", "tail=2", "--env-arg", "act_dim=3",
-                "--mode", "async", "--topology", "star", "--total-steps", "640",
-                "--num-envs", "2", "--rollout-steps", "8", "--run-dir", str(tmp_path),
-                "--run-name", "d"], timeout_s=180)
+                "--mode", "async", "--topology", "star", "--total-steps", "640", *BATCH,
+                "--run-dir", str(tmp_path), "--run-name", "d"], timeout_s=180)
     run = load_run(tmp_path / "d")
     sims = run.sim_steps
     assert set(sims["rank"]) == {1, 2}                  # workers step envs; the server not

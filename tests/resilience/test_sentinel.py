@@ -1,15 +1,14 @@
-"""``kill -9`` of one rank, as a user (or the OOM killer) does it: the job ends within
-seconds with one line naming the rank and its update, every log opens, and the run
-resumes to a complete log.  (The sentinel naming a killed parameter server is checked
-in tests/test_ulfm.py; the sentinel does not depend on the mode or the MPI.)"""
+"""The sentinel, against ``kill -9`` of one rank as a user (or the OOM killer) does it:
+the job ends within seconds with one line naming the rank and its update, every log
+opens, and the run resumes to a complete log.  (The sentinel naming a killed parameter
+server is checked in tests/resilience/test_ulfm.py; the sentinel does not depend on the
+mode or the MPI.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,26 +16,23 @@ import h5py
 import numpy as np
 import pytest
 
-from mpirl.telemetry.read import open_run
-from mpirl.launch import mpi_env, mpiexec_command
+from conftest import BATCH
 from mpirl.resilience.sentinel import read_status, status_dir
-from mpirun import ROOT, run_mpi
+from mpirl.telemetry.read import open_run
+from mpirun import MPIJob, run_mpi, start_mpi
 
 #: slow enough to kill mid-run (Delay-v0: 5 ms per env step, 16 steps per update)
 SLOW = ["--env", "Delay-v0", "--env-arg", "cost_s=0.005", "--env-arg", "episode_steps=40",
-        "--num-envs", "2", "--rollout-steps", "8", "--log-flush-every", "3"]
+        *BATCH, "--log-flush-every", "3"]
 
 
-def start(run_dir: Path, nranks: int, args: list[str]) -> subprocess.Popen:
-    cmd = mpiexec_command(nranks, [sys.executable, "-m", "mpirl.run", *SLOW, *args,
-                                   "--run-dir", str(run_dir.parent), "--run-name",
-                                   run_dir.name])
-    return subprocess.Popen(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+def start(run_dir: Path, nranks: int, args: list[str]) -> MPIJob:
+    return start_mpi(nranks, ["-m", "mpirl.run", *SLOW, *args, "--run-dir", str(run_dir.parent),
+                              "--run-name", run_dir.name])
 
 
-def kill_when(proc, run_dir: Path, rank: int, nranks: int, update: int) -> tuple[dict, float]:
+def kill_when(job: MPIJob, run_dir: Path, rank: int, nranks: int,
+              update: int) -> tuple[dict, float]:
     """SIGKILL ``rank`` once it has reported ``update``; returns its last status and the
     seconds from the kill to the end of mpiexec."""
     deadline = time.monotonic() + 120
@@ -45,29 +41,26 @@ def kill_when(proc, run_dir: Path, rank: int, nranks: int, update: int) -> tuple
         status = read_status(status_dir(run_dir) / f"rank{rank:04d}")
         if status and status["update"] >= update:
             break
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before update {update}:\n{proc.stdout.read()[-3000:]}")
+        if job.poll() is not None:
+            pytest.fail(f"the run ended before update {update}:\n{job.output[-3000:]}")
         time.sleep(0.05)
     else:
-        os.killpg(proc.pid, signal.SIGKILL)
+        job.kill()
+        job.wait(60)
         pytest.fail(f"rank {rank} did not reach update {update} within 120 s")
     os.kill(status["pid"], signal.SIGKILL)
     killed = time.monotonic()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the job did not end within 60 s of a rank's SIGKILL")
+    job.wait(60, what="the job did not end within 60 s of a rank's SIGKILL")
     return status, time.monotonic() - killed
 
 
 def test_a_killed_rank_is_named_and_the_run_resumes_to_a_complete_log(tmp_path):
     run_dir = tmp_path / "k"
-    proc = start(run_dir, 3, ["--topology", "butterfly", "--total-steps", "3360",
-                              "--checkpoint-every", "5"])
-    status, took = kill_when(proc, run_dir, 1, 3, 12)
-    out = proc.stdout.read()
-    assert proc.returncode != 0 and took < 10, (took, out[-2000:])
+    with start(run_dir, 3, ["--topology", "butterfly", "--total-steps", "3360",
+                            "--checkpoint-every", "5"]) as job:
+        status, took = kill_when(job, run_dir, 1, 3, 12)
+    out = job.output
+    assert job.returncode != 0 and took < 10, (took, out[-2000:])
     assert out.count("died without a word") == 1, out[-2000:]   # the dead rank alone
     line = next(s for s in out.splitlines() if "died without a word" in s)
     assert line.startswith(f"mpirl: rank 1 (pid {status['pid']} on ")

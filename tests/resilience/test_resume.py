@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import h5py
@@ -17,14 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.resilience import checkpoint
+from conftest import BATCH
 from mpirl.config import Config
-from mpirl.launch import mpi_env, mpiexec_command
+from mpirl.resilience import checkpoint
 from mpirl.resilience.sentinel import read_status, status_dir
-from mpirun import ROOT, run_mpi
+from mpirun import run_mpi, start_mpi
 
-RUN = ["--total-steps", "2560", "--num-envs", "2", "--rollout-steps", "8",
-       "--checkpoint-every", "5", "--log-flush-every", "7"]
+RUN = ["--total-steps", "2560", *BATCH, "--checkpoint-every", "5", "--log-flush-every", "7"]
 
 
 def same_rows(a: np.ndarray, b: np.ndarray) -> bool:
@@ -58,8 +55,7 @@ def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
 
 
 def test_sigterm_checkpoints_on_every_rank_and_the_run_resumes(tmp_path):
-    args = ["--total-steps", "24000", "--num-envs", "2", "--rollout-steps", "8",
-            "--checkpoint-every", "1000", "--log-every", "5"]
+    args = ["--total-steps", "24000", *BATCH, "--checkpoint-every", "1000", "--log-every", "5"]
     out, stopped_at = stop_with_sigterm(2, args, tmp_path / "t", progress_lines=2)
     assert 0 < stopped_at < 750
     for r in range(2):
@@ -82,8 +78,8 @@ def test_resume_is_refused_where_it_cannot_work(tmp_path):
 
 
 # -- async / quorum --------------------------------------------------------------------------
-PS_RUN = ["--topology", "star", "--total-steps", "3000", "--num-envs", "2",
-          "--rollout-steps", "8", "--log-flush-every", "2", "--log-every", "5"]
+PS_RUN = ["--topology", "star", "--total-steps", "3000", *BATCH, "--log-flush-every", "2",
+          "--log-every", "5"]
 
 
 def rows(path, table="updates"):
@@ -170,26 +166,22 @@ def stop_with_sigterm(nranks: int, args: list[str], run_dir, *, progress_lines: 
     mpiexec, which forwards it to every rank, or to ``rank`` alone), check that it
     stopped (exit 143, the resume command); return its output and the update it
     stopped after."""
-    cmd = mpiexec_command(nranks, [sys.executable, "-m", "mpirl.run", *args, "--run-dir",
-                                   str(run_dir.parent), "--run-name", run_dir.name])
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    progress = run_dir / "progress.csv"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (
-            progress.is_file() and progress.read_text().count("\n") >= progress_lines):
-        time.sleep(0.2)
-    # a rank's pid: from the status file it publishes for its sentinel
-    target = proc.pid if rank is None else \
-        read_status(status_dir(run_dir) / f"rank{rank:04d}")["pid"]
-    os.kill(target, signal.SIGTERM)                # what Slurm does at the time limit
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("the run did not stop within 60 s of SIGTERM") from None
-    assert proc.returncode == 143, out[-2000:]
+    with start_mpi(nranks, ["-m", "mpirl.run", *args, "--run-dir", str(run_dir.parent),
+                            "--run-name", run_dir.name]) as job:
+        progress = run_dir / "progress.csv"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                progress.is_file() and progress.read_text().count("\n") >= progress_lines):
+            time.sleep(0.2)
+        # what Slurm does at the time limit: to mpiexec, or to one rank (its pid: from the
+        # status file it publishes for its sentinel)
+        if rank is None:
+            job.signal(signal.SIGTERM)
+        else:
+            os.kill(read_status(status_dir(run_dir) / f"rank{rank:04d}")["pid"], signal.SIGTERM)
+        job.wait(60, what="the run did not stop within 60 s of SIGTERM")
+    out = job.output
+    assert job.returncode == 143, out[-2000:]
     assert "stopped by a signal after update" in out and "--resume" in out
     return out, int(out.split("stopped by a signal after update ")[1].split(";")[0])
 

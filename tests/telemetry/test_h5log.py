@@ -1,0 +1,181 @@
+"""The HDF5 run log, read back the way analysis and users read it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from conftest import BATCH
+from mpirl.telemetry.read import open_run
+from mpirl.telemetry.schema import PHASES, UPDATE_DTYPE
+from mpirun import run_mpi, start_mpi
+
+#: BATCH, the log flushed every 7 updates (whole flushes are what a killed run keeps)
+LOGGED = [*BATCH, "--log-flush-every", "7"]
+
+
+def run(tmp_path, nranks, *args, name="r"):
+    run_mpi(nranks, ["-m", "mpirl.run", *LOGGED, *args, "--run-dir", str(tmp_path),
+                     "--run-name", name], timeout_s=180)
+    run_dir = tmp_path / name
+    return run_dir, json.loads((run_dir / "summary.json").read_text())
+
+
+def test_sync_run_log_has_metadata_every_rank_and_every_update(tmp_path):
+    run_dir, s = run(tmp_path, 3, "--total-steps", "2400")
+    with h5py.File(run_dir / "run.h5", "r") as f:       # plain h5py after a clean end
+        attrs = dict(f.attrs)
+        assert json.loads(attrs["config_json"]) == yaml.safe_load(
+            (run_dir / "config.yaml").read_text())
+        assert attrs["world_size"] == 3 and attrs["mode"] == "sync"
+        assert len(json.loads(attrs["hostnames_json"])) == 3
+        assert attrs["oversubscribed"] == (3 > len(os.sched_getaffinity(0)))
+        assert "MPICH" in attrs["mpi_library"] and attrs["end_unix_s"] > attrs["start_unix_s"]
+        assert attrs["gradients_sent"] == s["gradients_sent"] == 3 * s["updates"]
+        steps = 0
+        for r in range(3):
+            u = f[f"ranks/{r:04d}/updates"][...]
+            assert u.dtype == UPDATE_DTYPE
+            assert list(u["update"]) == list(range(1, s["updates"] + 1))
+            assert np.all(np.diff(u["t_s"]) > 0)
+            assert all(np.all(u[p] >= 0) for p in PHASES) and np.all(u["exchange_s"] > 0)
+            assert np.all(u["bytes_sent"] > 0) and np.all(u["staleness"] == 0)
+            steps += u["env_steps"].sum()
+            assert f[f"ranks/{r:04d}"].attrs["rank"] == r
+            assert len(f[f"ranks/{r:04d}/episodes"]) > 0
+        assert steps == s["env_steps"]
+
+
+def test_async_server_log_accounts_for_every_gradient(tmp_path):
+    run_dir, s = run(tmp_path, 3, "--mode", "async", "--topology", "star",
+                     "--total-steps", "2400")
+    with open_run(run_dir / "run.h5") as f:
+        server = f["ranks/0000/updates"][...]
+        assert f["ranks/0000"].attrs["role"] == "server"
+        assert len(server) == s["gradients_sent"]
+        assert server["dropped"].sum() == s["gradients_dropped"]
+        applied = server[server["dropped"] == 0]
+        assert applied["staleness"].mean() == pytest.approx(s["mean_staleness"])
+        pushes = sum(len(f[f"ranks/{r:04d}/updates"]) for r in (1, 2))
+        assert pushes == s["gradients_sent"]
+
+
+def wait_for_rows(job, run_dir, nranks: int, rows: int) -> None:
+    """Until every rank's file holds ``rows`` update rows (read with plain h5py)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            if all(len(h5py.File(run_dir / f"rank{r:04d}.h5", "r")["updates"]) >= rows
+                   for r in range(nranks)):
+                return
+        except (OSError, KeyError):       # not created yet, or caught mid-flush: again
+            continue
+        if job.poll() is not None:
+            pytest.fail(f"the run ended before {rows} rows were flushed:\n{job.tail()}")
+    pytest.fail(f"the run never flushed {rows} rows:\n{job.tail()}")
+
+
+def read_everywhere(path):
+    """Every table of an HDF5 file through plain h5py, h5dump and pandas (PyTables, its
+    own HDF5 library): the readers a user opens a crashed run's log with."""
+    import shutil
+
+    import pandas as pd
+
+    from conftest import require
+
+    require(None if shutil.which("h5dump") else "no h5dump on PATH (Debian's hdf5-tools)")
+    with h5py.File(path, "r") as f:                    # no swmr=True, no h5clear
+        tables = {name: f[name][...] for name in f if isinstance(f[name], h5py.Dataset)}
+        attrs = dict(f.attrs)
+    out = subprocess.run(["h5dump", "-H", str(path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "error" not in out.stderr.lower(), (path, out.stderr)
+    for name, rows in tables.items():
+        out = subprocess.run(["h5dump", "-d", f"/{name}", "-c", "1", str(path)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "error" not in out.stderr.lower(), (path, out.stderr)
+        if len(rows):
+            assert len(pd.read_hdf(path, name)) == len(rows), (path, name)
+    return attrs, tables
+
+
+# kill -9 of one rank (the launcher then kills the others): a sync worker; rank 0, which
+# also wrote run.h5; an async parameter server; and the whole job at once
+@pytest.mark.parametrize("mode, victim", [("sync", 1), ("sync", 0), ("async", 0),
+                                          ("sync", "job")])
+@pytest.mark.filterwarnings("ignore:object name is a Python keyword")   # 'return': PyTables
+def test_after_kill_9_every_file_opens_in_any_reader(tmp_path, mode, victim):
+    from mpirl.resilience.sentinel import read_status, status_dir
+
+    args = ["-m", "mpirl.run", *LOGGED, "--total-steps", "10000000", "--run-dir",
+            str(tmp_path), "--run-name", "k", "--checkpoint-every", "0"]
+    if mode == "async":
+        args += ["--mode", "async", "--topology", "star"]
+    run_dir = tmp_path / "k"
+    with start_mpi(3, args) as job:
+        wait_for_rows(job, run_dir, 3, 14)
+        # a reader holding a log open (another process: a notebook) does not stop the
+        # writer: rows keep coming
+        with h5py.File(run_dir / "rank0001.h5", "r") as f:
+            seen = len(f["updates"])
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r'); "
+             "print(len(f['updates']), flush=True); time.sleep(600)",
+             str(run_dir / "rank0001.h5")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert int(holder.stdout.readline()) >= seen
+            wait_for_rows(job, run_dir, 3, seen + 14)
+        finally:
+            holder.kill()
+            holder.wait()
+        if victim == "job":
+            job.kill()
+        else:
+            os.kill(read_status(status_dir(run_dir) / f"rank{victim:04d}")["pid"], 9)
+        job.wait(60)
+    assert job.returncode != 0
+    time.sleep(1.0)                       # the sentinels woke at the deaths: done by now
+    attrs, _ = read_everywhere(run_dir / "run.h5")
+    assert attrs["world_size"] == 3 and "end_unix_s" not in attrs
+    for r in range(3):
+        _, tables = read_everywhere(run_dir / f"rank{r:04d}.h5")
+        u = tables["updates"]
+        assert len(u) >= 14 and len(u) % 7 == 0                   # whole flushes only
+        if mode == "sync" or r > 0:        # a server's rows are per push, not per update
+            assert list(u["update"]) == list(range(1, len(u) + 1))
+            # at most --log-flush-every rows lost: the rank had reported update N
+            reached = read_status(status_dir(run_dir) / f"rank{r:04d}")["update"]
+            assert 0 <= reached - len(u) <= 7, (r, reached, len(u))
+            assert np.isfinite(u["policy_loss"]).all()
+
+
+def test_h5dump_reads_run_and_rank_files(tiny_sweep):
+    import shutil
+
+    from conftest import require
+
+    require(None if shutil.which("h5dump") else "no h5dump on PATH (Debian's hdf5-tools)")
+    run_dir = tiny_sweep / "butterfly-sync-2r-s1"
+
+    def dump(*args):
+        out = subprocess.run(["h5dump", *args], cwd=run_dir, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0 and "error" not in out.stderr, out.stderr
+        return out.stdout
+
+    meta = dump("-A", "run.h5")
+    assert 'ATTRIBUTE "world_size"' in meta and 'EXTERNAL_LINK "0001"' in meta
+    header = dump("-H", "rank0001.h5")
+    for column in ("exchange_t_s", "wait_s", "other_s", "log_s"):
+        assert f'"{column}"' in header
+    assert "(0): {" in dump("-d", "/updates", "-c", "1", "rank0001.h5")

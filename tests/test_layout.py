@@ -1,0 +1,112 @@
+"""The architecture's import direction, checked on the source: topologies <- parts <-
+designs <- run; telemetry <- analysis; nothing in mpirl/ imports analysis/.
+
+Every import counts, also one inside a function (the lazy imports that keep torch out
+of start-up still tie the modules together)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("mpirl", "topologies", "analysis")
+
+#: package -> the project's packages it may import (besides itself).  The lower layers
+#: first; each entry names the layers below it that it uses.
+ALLOWED = {
+    "topologies": set(),
+    "mpirl.launch": {"mpirl.resilience.sentinel"},     # abort_job silences the sentinel
+    "mpirl.config": {"topologies", "mpirl.parts.envs",  # validation looks up registries
+                     "mpirl.resilience.checkpoint"},    # and --resume's files
+    "mpirl.parts": {"topologies"},
+    "mpirl.telemetry": {"mpirl", "mpirl.launch"},       # mpirl: its __version__
+    "mpirl.resilience": {"topologies", "mpirl.config", "mpirl.launch"},
+    "mpirl.designs": {"topologies", "mpirl.config", "mpirl.launch", "mpirl.parts",
+                      "mpirl.resilience", "mpirl.telemetry"},
+    "mpirl.study": {"topologies", "mpirl.config", "mpirl.launch", "mpirl.resilience",
+                    "mpirl.telemetry"},
+    "mpirl.run": {"mpirl.config", "mpirl.launch", "mpirl.designs", "mpirl.resilience"},
+    "analysis": {"mpirl.telemetry", "mpirl.study.figures"},   # the schema's reader, palette
+}
+#: the entry points kept at their old paths: each imports its tool in mpirl.study
+SHIMS = {f"mpirl.{name}" for name in ("bench", "soak", "costmodel", "simulate", "sweep")}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module of ours that ``path`` imports, relative imports resolved."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:      # a submodule, or a name from the module
+                sub = f"{base}.{alias.name}"
+                found.add(sub if existing(sub) else base)
+    return {m for m in found if m.split(".")[0] in OURS and existing(m)}
+
+
+def layer(module: str) -> str | None:
+    """The most specific entry of :data:`ALLOWED` that ``module`` belongs to."""
+    best = None
+    for key in ALLOWED:
+        if module == key or module.startswith(key + "."):
+            best = key if best is None or len(key) > len(best) else best
+    return best
+
+
+def existing(module: str) -> bool:
+    base = ROOT.joinpath(*module.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+SOURCES = sorted(p for top in OURS for p in (ROOT / top).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_one_way(path):
+    name = module_name(path)
+    if name in SHIMS:
+        assert imports(path) == {f"mpirl.study.{name.split('.')[1]}"}
+        return
+    if name == "mpirl":                   # the package itself: its version, nothing else
+        assert not imports(path)
+        return
+    mine = layer(name)
+    assert mine is not None, f"{name} belongs to no layer of the architecture: add it"
+    for target in imports(path):
+        theirs = layer(target)
+        if theirs == mine or theirs is None and target == "mpirl":
+            continue
+        allowed = ALLOWED[mine]
+        assert theirs in allowed or any(target == a or target.startswith(a + ".")
+                                        for a in allowed), \
+            f"{name} imports {target} ({theirs}): {mine} may import only {sorted(allowed)}"
+
+
+def test_nothing_in_mpirl_imports_analysis():
+    offenders = [module_name(p) for p in SOURCES if module_name(p).startswith("mpirl")
+                 and any(t.startswith("analysis") for t in imports(p))]
+    assert not offenders
+
+
+def test_every_package_has_a_layer():
+    packages = {module_name(p) for p in SOURCES if p.name == "__init__.py"}
+    assert all(layer(p) is not None or p == "mpirl" for p in packages), \
+        [p for p in packages if layer(p) is None]

@@ -1,0 +1,188 @@
+"""Every topology's stated cost against an independent transcription of its formula, and
+the cost model finding a new topology through the registry alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import topologies
+from mpirl.study import costmodel
+from topologies.base import Cost, Topology
+from topologies.native import MPICH_ALGORITHMS, Native
+from topologies.ring import DEFAULT_SEGMENT_BYTES
+
+S = DEFAULT_SEGMENT_BYTES
+RANKS = range(1, 10)
+SIZES = [0.0, 4.0, 1000.0, float(S), 3.5 * S]
+
+
+def fold(p):
+    q = 2 ** math.floor(math.log2(p))
+    r = p - q
+    return q, r, 1 if r > 0 else 0
+
+
+def L(p):
+    return math.ceil(math.log2(p))
+
+
+def expected(name, op, p, n):
+    """(messages, bytes moved, bytes reduced) from the formulas, written afresh."""
+    q, r, x = fold(p)
+    lq = math.log2(q)
+    table = {
+        ("butterfly", "allreduce"): (lq + 2 * x, (lq + 2 * x) * n, (lq + x) * n),
+        ("ring", "allreduce"): (2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n),
+        ("tree", "allreduce"): (2 * L(p), 2 * L(p) * n, L(p) * n),
+        ("star", "allreduce"): (2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n),
+        ("tree", "bcast"): (L(p), L(p) * n, 0),
+        ("butterfly", "bcast"): (L(p), L(p) * n, 0),
+        ("star", "bcast"): (p - 1, (p - 1) * n, 0),
+        ("reduce_scatter_allgather", "allreduce"):
+            (2 * lq + 2 * x, 2 * (q - 1) / q * n + 2 * x * n, (q - 1) / q * n + x * n),
+        ("scatter_ring_allgather", "bcast"): (lq + p - 1, 2 * (p - 1) / p * n, 0),
+    }
+    if (name, op) == ("ring", "bcast"):
+        a = p - 2 + max(1, math.ceil(n / S))
+        return a, a * min(n, S), 0
+    return table[name, op]
+
+
+#: MPICH algorithm -> the formula it shares
+MPICH_AS = {"recursive_doubling": "butterfly", "ring": "ring", "tree": "tree",
+            "binomial": "tree", "reduce_scatter_allgather": "reduce_scatter_allgather",
+            "scatter_ring_allgather": "scatter_ring_allgather"}
+
+PYTHON_TOPOLOGIES = [name for name in topologies.REGISTRY if name != "native"]
+
+
+def terms(cost: Cost):
+    return cost.messages, cost.bytes_moved, cost.bytes_reduced
+
+
+def assert_terms(got, want):
+    assert got == pytest.approx(tuple(float(v) for v in want), rel=1e-12, abs=1e-9)
+
+
+def test_the_registry_is_what_these_formulas_cover():
+    assert set(PYTHON_TOPOLOGIES) == {"butterfly", "ring", "tree", "star"}
+    assert set(MPICH_AS) == {a for algs in MPICH_ALGORITHMS.values() for a in algs}
+
+
+@pytest.mark.parametrize("name", PYTHON_TOPOLOGIES)
+@pytest.mark.parametrize("op", ["allreduce", "bcast"])
+def test_cost_matches_its_formula(name, op):
+    cls = topologies.REGISTRY[name]
+    for p in RANKS:
+        for n in SIZES:
+            got = terms(cls.cost(op, p, n))
+            if p == 1:
+                assert got == (0.0, 0.0, 0.0)
+            else:
+                assert_terms(got, expected(name, op, p, n))
+
+
+@pytest.mark.parametrize("op", ["allreduce", "bcast"])
+def test_native_cost_of_each_mpich_algorithm_matches_its_formula(op):
+    for algorithm in MPICH_ALGORITHMS[op]:
+        for p in RANKS:
+            for n in SIZES:
+                got = terms(Native.cost(op, p, n, algorithm))
+                if p == 1:
+                    assert got == (0.0, 0.0, 0.0), algorithm
+                else:
+                    assert_terms(got, expected(MPICH_AS[algorithm], op, p, n))
+
+
+def test_some_formula_values_by_hand():
+    n = 100.0
+    assert terms(topologies.get("butterfly").cost("allreduce", 6, n)) == (4.0, 400.0, 300.0)
+    assert terms(topologies.get("ring").cost("allreduce", 4, n)) == (6.0, 150.0, 75.0)
+    assert terms(topologies.get("tree").cost("allreduce", 5, n)) == (6.0, 600.0, 300.0)
+    assert terms(topologies.get("ring").cost("bcast", 3, 2.5 * S)) == (4.0, 4.0 * S, 0.0)
+    assert terms(Native.cost("allreduce", 6, 8.0, "reduce_scatter_allgather")) == \
+        (6.0, 2 * 3 / 4 * 8 + 16, 3 / 4 * 8 + 8)
+
+
+@pytest.mark.parametrize("name", list(topologies.REGISTRY))
+def test_unknown_op_raises_key_error(name):
+    cls = topologies.REGISTRY[name]
+    for p in (2, 5):
+        with pytest.raises(KeyError, match="gather"):
+            cls.cost("gather", p, 8.0)
+
+
+@pytest.mark.parametrize("algorithm", [None, "binomial", "nope"])
+def test_native_allreduce_without_a_valid_algorithm_names_them(algorithm):
+    with pytest.raises(KeyError) as err:
+        Native.cost("allreduce", 4, 8.0, algorithm)
+    for name in MPICH_ALGORITHMS["allreduce"]:
+        assert name in str(err.value)
+
+
+def test_only_native_sends_without_python():
+    for name, cls in topologies.REGISTRY.items():
+        assert cls.name == name
+        assert cls.from_python is (name != "native"), name
+
+
+def test_coefficients_and_predict_of_each_registered_topology():
+    params = costmodel.Params(alpha=2e-6, beta=1e-9, gamma=3e-10, delta=5e-6)
+    for name in PYTHON_TOPOLOGIES:
+        a, b, c = expected(name, "allreduce", 6, 1024.0)
+        assert costmodel.coefficients("allreduce", name, 6, 1024.0) == \
+            pytest.approx((a, b, c, True))
+        assert costmodel.predict(params, "allreduce", name, 6, 1024.0) == pytest.approx(
+            a * (2e-6 + 5e-6) + b * 1e-9 + c * 3e-10, rel=1e-12)
+    assert costmodel.coefficients("allreduce", "butterfly", 1, 1024.0)[3] is False
+
+
+def test_native_predicts_the_cheapest_mpich_algorithm():
+    params = costmodel.Params(alpha=2e-6, beta=1e-9, gamma=3e-10, delta=5e-6)
+    for p in (2, 3, 6, 8):
+        for n in (8.0, 1e6):
+            options = [terms(Native.cost("allreduce", p, n, a))
+                       for a in MPICH_ALGORITHMS["allreduce"]]
+            cheapest = min(a * 2e-6 + b * 1e-9 + c * 3e-10 for a, b, c in options)
+            assert costmodel.predict(params, "allreduce", "native", p, n) == \
+                pytest.approx(cheapest, rel=1e-12)
+
+
+class Dummy(Topology):
+    """A topology added by one class and one registry row."""
+
+    name = "dummy"
+
+    @classmethod
+    def cost(cls, op, p, n):
+        if op != "allreduce":
+            raise KeyError(f"no cost model for {op} dummy")
+        return Cost(7.0 * p, 11.0 * n, 13.0 * n)
+
+    def _allreduce_sum(self, buf: np.ndarray) -> None:
+        pass
+
+    def _bcast(self, buf: np.ndarray, root: int) -> None:
+        pass
+
+
+def test_cost_model_walks_the_registry(monkeypatch):
+    with pytest.raises(KeyError):
+        costmodel.coefficients("allreduce", "dummy", 4, 64.0)
+    monkeypatch.setitem(topologies.REGISTRY, "dummy", Dummy)
+    assert costmodel.coefficients("allreduce", "dummy", 4, 64.0) == (28.0, 704.0, 832.0, True)
+    params = costmodel.Params(alpha=1.0, beta=0.5, gamma=0.25, delta=2.0)
+    assert costmodel.predict(params, "allreduce", "dummy", 4, 64.0) == \
+        pytest.approx(28 * (1.0 + 2.0) + 704 * 0.5 + 832 * 0.25)
+    with pytest.raises(KeyError):                       # its own missing op
+        costmodel.coefficients("bcast", "dummy", 4, 64.0)
+
+
+def test_unknown_exchange_is_a_key_error():
+    with pytest.raises(KeyError):
+        costmodel.coefficients("allreduce", "nosuch", 4, 64.0)
+    with pytest.raises(KeyError):
+        costmodel.coefficients("allreduce", "ring:ring", 4, 64.0)
