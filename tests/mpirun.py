@@ -89,6 +89,28 @@ class MPIJob:
         if self._proc.poll() is None:
             self._proc.send_signal(sig)
 
+    def reached(self, run_dir: Path, rank: int, update: int, timeout_s: float = 120) -> dict:
+        """Wait until ``rank`` reports ``update`` in its sentinel status file (what a test
+        waits for before it kills or signals that rank) and return that status; fail the
+        test if the job ends first or ``timeout_s`` passes (killing the job)."""
+        import time
+
+        from mpirl.resilience.sentinel import read_status, status_dir
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = read_status(status_dir(run_dir) / f"rank{rank:04d}")
+            if status and status["update"] >= update:
+                return status
+            if self.poll() is not None:
+                pytest.fail(f"the run ended before rank {rank} reached update {update}:\n"
+                            f"{self.tail()}", pytrace=False)
+            time.sleep(0.05)
+        self.kill()
+        self._proc.wait()
+        pytest.fail(f"rank {rank} did not reach update {update} within {timeout_s:.0f} s:\n"
+                    f"{self.tail()}", pytrace=False)
+
     # -- what it printed ------------------------------------------------------------------------
     @property
     def output(self) -> str:

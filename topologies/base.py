@@ -173,12 +173,20 @@ class Topology(abc.ABC):
             self._bcast(flat, root)
         return buf
 
-    # -- what each topology implements ---------------------------------------------------
     @classmethod
-    @abc.abstractmethod
     def cost(cls, op: str, p: int, n: float) -> Cost:
         """The cost of ``op`` (``allreduce`` or ``bcast``) of ``n`` bytes over ``p`` ranks;
         :data:`NO_COST` at ``p == 1``.  Raises KeyError for an op it has no model of."""
+        if op not in OPS:
+            raise no_model(cls.name, op)
+        return NO_COST if p == 1 else cls._cost(op, p, n)
+
+    # -- what each topology implements ---------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def _cost(cls, op: str, p: int, n: float) -> Cost:
+        """:meth:`cost` for ``op`` in :data:`OPS` and ``p >= 2``, from the formula in the
+        topology's module docstring."""
 
     @abc.abstractmethod
     def _allreduce_sum(self, buf: np.ndarray) -> None:

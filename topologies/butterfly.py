@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from .base import NO_COST, OPS, Cost, Topology, fold as pof2_fold, no_model
+from .base import Cost, Topology, fold as pof2_fold
 from .tree import Tree, binomial_bcast
 
 _TAG_FOLD = 31
@@ -76,18 +76,12 @@ class Butterfly(Topology):
     name = "butterfly"
 
     @classmethod
-    def cost(cls, op: str, p: int, n: float) -> Cost:
-        if op not in OPS:
-            raise no_model(cls.name, op)
-        if p == 1:
-            return NO_COST
+    def _cost(cls, op: str, p: int, n: float) -> Cost:
         if op == "allreduce":
             q, r = pof2_fold(p)
             steps, extra = math.log2(q), float(r > 0)
             return Cost(steps + 2 * extra, (steps + 2 * extra) * n, (steps + extra) * n)
-        if op == "bcast":
-            return Tree.cost(op, p, n)
-        raise no_model(cls.name, op)
+        return Tree.cost(op, p, n)          # bcast: the binomial tree's
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         rank, size = self.rank, self.size

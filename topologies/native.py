@@ -30,8 +30,6 @@ from .tree import Tree
 
 
 def _reduce_scatter_allgather(op: str, p: int, n: float) -> Cost:
-    if p == 1:
-        return NO_COST
     q, r = fold(p)
     steps, extra = math.log2(q), float(r > 0)
     return Cost(2 * steps + 2 * extra, 2 * (q - 1) / q * n + 2 * extra * n,
@@ -39,8 +37,6 @@ def _reduce_scatter_allgather(op: str, p: int, n: float) -> Cost:
 
 
 def _scatter_ring_allgather(op: str, p: int, n: float) -> Cost:
-    if p == 1:
-        return NO_COST
     q, _ = fold(p)
     return Cost(math.log2(q) + p - 1, 2 * (p - 1) / p * n, 0.0)
 
@@ -63,13 +59,17 @@ class Native(Topology):
     def cost(cls, op: str, p: int, n: float, algorithm: str | None = None) -> Cost:
         """The cost of MPICH's ``algorithm`` (which one MPI picks by itself depends on
         the machine: the cost model predicts it as the cheapest of them)."""
-        algorithms = MPICH_ALGORITHMS.get(op)
-        if algorithms is None:
+        if op not in MPICH_ALGORITHMS:
             raise no_model(cls.name, op)
+        algorithms = MPICH_ALGORITHMS[op]
         if algorithm not in algorithms:
             raise KeyError(f"no cost model for {op} native:{algorithm}; give one of MPICH's "
                            f"algorithms: {', '.join(algorithms)}")
-        return algorithms[algorithm](op, p, n)
+        return NO_COST if p == 1 else algorithms[algorithm](op, p, n)
+
+    @classmethod
+    def _cost(cls, op: str, p: int, n: float) -> Cost:
+        return cls.cost(op, p, n)           # without an algorithm: the error naming them
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         self.comm.Allreduce(MPI.IN_PLACE, _msg(buf), op=MPI.SUM)

@@ -35,7 +35,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import NO_COST, OPS, Cost, Topology, _msg, no_model
+from .base import Cost, Topology, _msg
 
 _TAG_REDUCE_SCATTER = 41
 _TAG_ALLGATHER = 42
@@ -55,17 +55,12 @@ class Ring(Topology):
     name = "ring"
 
     @classmethod
-    def cost(cls, op: str, p: int, n: float, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Cost:
-        if op not in OPS:
-            raise no_model(cls.name, op)
-        if p == 1:
-            return NO_COST
+    def _cost(cls, op: str, p: int, n: float) -> Cost:
         if op == "allreduce":
             return Cost(2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n)
-        if op == "bcast":
-            messages = p - 2 + max(1, math.ceil(n / segment_bytes))
-            return Cost(messages, messages * min(n, segment_bytes), 0.0)
-        raise no_model(cls.name, op)
+        segment = DEFAULT_SEGMENT_BYTES                        # bcast: a pipelined chain
+        messages = p - 2 + max(1, math.ceil(n / segment))
+        return Cost(messages, messages * min(n, segment), 0.0)
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:

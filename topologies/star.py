@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .base import NO_COST, OPS, Cost, Topology, _msg, no_model
+from .base import Cost, Topology, _msg
 
 _TAG_REDUCE = 11
 _TAG_BCAST = 12
@@ -30,16 +30,10 @@ class Star(Topology):
     has_master = True
 
     @classmethod
-    def cost(cls, op: str, p: int, n: float) -> Cost:
-        if op not in OPS:
-            raise no_model(cls.name, op)
-        if p == 1:
-            return NO_COST
+    def _cost(cls, op: str, p: int, n: float) -> Cost:
         if op == "allreduce":
             return Cost(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n)
-        if op == "bcast":
-            return Cost(p - 1, (p - 1) * n, 0.0)
-        raise no_model(cls.name, op)
+        return Cost(p - 1, (p - 1) * n, 0.0)                   # bcast
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         if self.rank == self.root:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import NO_COST, OPS, Cost, Topology, ceil_log2, no_model
+from .base import Cost, Topology, ceil_log2
 
 _TAG_REDUCE = 21
 _TAG_BCAST = 22
@@ -56,17 +56,11 @@ class Tree(Topology):
     name = "tree"
 
     @classmethod
-    def cost(cls, op: str, p: int, n: float) -> Cost:
-        if op not in OPS:
-            raise no_model(cls.name, op)
-        if p == 1:
-            return NO_COST
+    def _cost(cls, op: str, p: int, n: float) -> Cost:
         rounds = ceil_log2(p)
         if op == "allreduce":
             return Cost(2 * rounds, 2 * rounds * n, rounds * n)
-        if op == "bcast":
-            return Cost(rounds, rounds * n, 0.0)
-        raise no_model(cls.name, op)
+        return Cost(rounds, rounds * n, 0.0)                   # bcast
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         size, root = self.size, self.root

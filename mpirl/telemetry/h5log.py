@@ -46,8 +46,8 @@ import h5py
 import numpy as np
 from h5py import h5d, h5f, h5p, h5s, h5t
 
-from .schema import (BENCH_DTYPE, BENCH_KIND, EPISODE_DTYPE, FAILURE_DTYPE, PHASES,
-                     SCHEMA_VERSION, SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE, fill_row)
+from .schema import (BENCH_DTYPE, BENCH_KIND, EPISODE_DTYPE, FAILURE_DTYPE, SCHEMA_VERSION,
+                     SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE, UPDATE_UNSET, fill_row)
 
 #: HDF5 file-format bounds for every file mpirl writes: the 1.8 format (superblock 2, no
 #: write-open flag; see the module doc), readable by HDF5 1.8 and every later library.
@@ -85,15 +85,20 @@ def _append_access() -> h5p.PropFAID:
 class _Table:
     """An append-only, chunked 1-D compound dataset and its in-memory row buffer."""
 
-    __slots__ = ("name", "dtype", "rows", "count", "chunk_rows", "_mtype", "_blank")
+    __slots__ = ("name", "dtype", "rows", "count", "chunk_rows", "_mtype", "_blank",
+                 "_unset", "_index")
 
-    def __init__(self, name: str, dtype: np.dtype, buffer_rows: int) -> None:
+    def __init__(self, name: str, dtype: np.dtype, buffer_rows: int,
+                 unset: dict | None = None) -> None:
         self.name, self.dtype = name, dtype
         self.chunk_rows = buffer_rows
         self.rows = np.zeros(buffer_rows, dtype=dtype)
         self.count = 0
         self._mtype = h5t.py_create(dtype)     # built once: h5py would build it per write
         self._blank = np.zeros((), dtype=dtype)
+        self._index = {field: i for i, field in enumerate(dtype.names)}
+        # the values of a row nobody filled in, as a list to copy and fill by position
+        self._unset = [(unset or {}).get(field, 0) for field in dtype.names]
 
     @property
     def full(self) -> bool:
@@ -106,6 +111,16 @@ class _Table:
         row = self.rows[self.count]
         self.count += 1
         return row
+
+    def put(self, values: dict) -> None:
+        """Append one row from ``field: value`` (the rest unset), in one assignment: a
+        dozen numpy field writes would cost several times as much."""
+        row = self._unset.copy()
+        index = self._index
+        for field, value in values.items():
+            row[index[field]] = value
+        self.rows[self.count] = tuple(row)
+        self.count += 1
 
     def write(self, fid, rows: np.ndarray) -> None:
         """Append ``rows`` to this table's dataset in the open file ``fid``."""
@@ -124,7 +139,7 @@ class _Table:
 
 
 class RankLog:
-    """This rank's ``rankNNNN.h5``; ``new_update()`` / ``episode()`` add rows."""
+    """This rank's ``rankNNNN.h5``; ``add_update()`` / ``episode()`` add rows."""
 
     def __init__(self, run_dir: Path, rank: int, role: str, flush_every: int,
                  resume_update: int | None = None, resume_rows: int | None = None) -> None:
@@ -141,7 +156,7 @@ class RankLog:
             kept, start_unix = rows_until(self.path, resume_update, resume_rows)
         # t_s columns keep counting from the first start, across resumes
         self.start = time.perf_counter() - (time.time() - start_unix)
-        self.updates = _Table("updates", UPDATE_DTYPE, flush_every)
+        self.updates = _Table("updates", UPDATE_DTYPE, flush_every, UPDATE_UNSET)
         self.episodes = _Table("episodes", EPISODE_DTYPE, flush_every)
         self.sim_steps = _Table("sim_steps", SIM_STEP_DTYPE, 64 * flush_every)
         self.failures = _Table("failures", FAILURE_DTYPE, 8)
@@ -167,19 +182,15 @@ class RankLog:
     def now(self) -> float:
         return time.perf_counter() - self.start
 
-    def new_update(self, update: int, t_s: float, phases: dict) -> np.void:
-        """Append an update row with its phase times; the caller fills the other fields.
+    def add_update(self, values: dict) -> None:
+        """Append an update row: ``field: value`` for any fields of
+        :data:`~mpirl.telemetry.schema.UPDATE_DTYPE` (``update`` and ``t_s`` at least;
+        the others default to :data:`~mpirl.telemetry.schema.UPDATE_UNSET`, else 0).
 
         Every ``flush_every`` updates all tables are written out together."""
-        row = self._row(self.updates)
-        row["update"] = update
-        row["t_s"] = t_s
-        for phase in PHASES:
-            row[phase] = phases.get(phase, 0.0)
-        row["param_version"] = row["staleness"] = -1
-        row["exchange_t_s"] = row["wait_s"] = np.nan
-        row["policy_loss"] = row["value_loss"] = row["entropy"] = row["approx_kl"] = np.nan
-        return row
+        if self.updates.full:
+            self.flush()
+        self.updates.put(values)
 
     def episode(self, update: int, ret: float, length: int) -> None:
         row = self._row(self.episodes)

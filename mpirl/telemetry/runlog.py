@@ -51,14 +51,12 @@ class RunLogger:
         t0 = time.perf_counter()            # one clock reading ends the update ...
         exchange_at = timer.started_at("exchange_s")
         phases = timer.take()
-        now = t0 - self.log.start
-        row = self.log.new_update(update, self.update_start, phases)   # (may flush)
-        row["other_s"] = max(0.0, now - self.update_start - sum(phases.values()))
+        start = self.update_start
+        row = {"update": update, "t_s": start, **phases, **fields, "log_s": self._log_s,
+               "other_s": max(0.0, t0 - self.log.start - start - sum(phases.values()))}
         if exchange_at is not None:
             row["exchange_t_s"] = exchange_at - self.log.start
-        for key, value in fields.items():
-            row[key] = value
-        row["log_s"] = self._log_s
+        self.log.add_update(row)            # (may flush)
         end = time.perf_counter()           # ... and one starts the next: rows tile time
         self._log_s = end - t0
         self.update_start = end - self.log.start

@@ -76,6 +76,10 @@ UPDATE_DTYPE = np.dtype([
 ])
 PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optimizer_s",
           "other_s")
+#: what an update row holds where its writer gives no value (0 for every other field)
+UPDATE_UNSET = {"param_version": -1, "staleness": -1, "exchange_t_s": np.nan,
+                "wait_s": np.nan, "policy_loss": np.nan, "value_loss": np.nan,
+                "entropy": np.nan, "approx_kl": np.nan}
 #: the loss columns, in the order :func:`mpirl.parts.learner.losses.actor_critic_loss`
 #: reports them
 LOSSES = ("policy_loss", "value_loss", "entropy", "approx_kl")

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import pytest
 
 from conftest import BATCH
 from mpirl.resilience.sentinel import read_status, status_dir
@@ -35,19 +34,7 @@ def kill_when(job: MPIJob, run_dir: Path, rank: int, nranks: int,
               update: int) -> tuple[dict, float]:
     """SIGKILL ``rank`` once it has reported ``update``; returns its last status and the
     seconds from the kill to the end of mpiexec."""
-    deadline = time.monotonic() + 120
-    status = None
-    while time.monotonic() < deadline:
-        status = read_status(status_dir(run_dir) / f"rank{rank:04d}")
-        if status and status["update"] >= update:
-            break
-        if job.poll() is not None:
-            pytest.fail(f"the run ended before update {update}:\n{job.output[-3000:]}")
-        time.sleep(0.05)
-    else:
-        job.kill()
-        job.wait(60)
-        pytest.fail(f"rank {rank} did not reach update {update} within 120 s")
+    status = job.reached(run_dir, rank, update)
     os.kill(status["pid"], signal.SIGKILL)
     killed = time.monotonic()
     job.wait(60, what="the job did not end within 60 s of a rank's SIGKILL")

@@ -19,7 +19,6 @@ import pytest
 
 from conftest import BATCH, require
 from mpirl.launch import openmpi_ulfm_command
-from mpirl.resilience.sentinel import read_status, status_dir
 from mpirun import ROOT, MPIJob, start_mpi
 
 VENV = ROOT / ".venv-ulfm"
@@ -116,16 +115,7 @@ def test_butterfly_survives_a_kill_9(ulfm, tmp_path):
     run_dir = tmp_path / "b"
     with started(["--topology", "butterfly", "--on-failure", "shrink", "--total-steps",
                   str(budget), *SLOW], tmp_path, "b") as job:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            status = read_status(status_dir(run_dir) / "rank0002")
-            if status and status["update"] >= 8:
-                break
-            time.sleep(0.05)
-        else:
-            job.kill()
-            job.wait(60)
-            pytest.fail(f"rank 2 never reached update 8:\n{job.tail()}")
+        status = job.reached(run_dir, 2, 8)
         os.kill(status["pid"], signal.SIGKILL)
         killed = time.time()
         code, out = finish(job)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import h5py
 import numpy as np
+import pytest
 
 from mpirl.telemetry.h5log import RankLog
 from mpirl.telemetry.read import rows_until
 from mpirl.telemetry.schema import (EPISODE_DTYPE, FAILURE_DTYPE, SIM_STEP_DTYPE, TABLES,
-                                    UPDATE_DTYPE, fill_row, upgrade, written)
+                                    UPDATE_DTYPE, UPDATE_UNSET, fill_row, upgrade, written)
 
 
 def test_fill_rows_are_marked_in_every_table():
@@ -27,8 +28,7 @@ def torn_log(tmp_path, rows: int, torn: int):
     landed: what HDF5 leaves when the metadata of the new extent reaches the disk first."""
     log = RankLog(tmp_path, 1, "worker", flush_every=4)
     for update in range(1, rows + 1):
-        row = log.new_update(update, log.now(), {"env_s": 0.001})
-        row["env_steps"] = 8
+        log.add_update({"update": update, "t_s": log.now(), "env_s": 0.001, "env_steps": 8})
         log.episode(update, 1.0, 5)
     log.close()
     with h5py.File(log.path, "a") as f:
@@ -67,3 +67,20 @@ def test_upgrade_fills_what_an_older_schema_lacks():
     assert np.isnan(new["policy_loss"]).all() and (new["staleness"] == -1).all()
     assert upgrade(np.zeros(1, EPISODE_DTYPE), EPISODE_DTYPE).dtype == EPISODE_DTYPE
     assert upgrade(np.zeros(1, FAILURE_DTYPE), FAILURE_DTYPE).dtype == FAILURE_DTYPE
+
+
+def test_an_update_row_holds_what_it_was_given_and_the_unset_values(tmp_path):
+    log = RankLog(tmp_path, 0, "worker", flush_every=4)
+    log.add_update({"update": 1, "t_s": 0.5, "env_s": 0.25, "env_steps": 64,
+                    "policy_loss": -1.5})
+    log.close()
+    with h5py.File(log.path, "r") as f:
+        row = f["updates"][0]
+    assert (row["update"], row["t_s"], row["env_s"], row["env_steps"]) == (1, 0.5, 0.25, 64)
+    assert row["policy_loss"] == -1.5 and row["backward_s"] == 0.0 and row["dropped"] == 0
+    for field, unset in UPDATE_UNSET.items():
+        if field == "policy_loss":
+            continue                      # given
+        assert row[field] == unset or (np.isnan(unset) and np.isnan(row[field])), field
+    with pytest.raises(KeyError):
+        log.add_update({"update": 2, "t_s": 1.0, "no_such_column": 1})

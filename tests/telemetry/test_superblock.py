@@ -21,7 +21,7 @@ EOA_AT = 28
 def log_with_rows(tmp_path, rows: int):
     log = RankLog(tmp_path, 1, "worker", flush_every=5)
     for update in range(1, rows + 1):
-        log.new_update(update, log.now(), {"env_s": 0.001})
+        log.add_update({"update": update, "t_s": log.now(), "env_s": 0.001})
         log.episode(update, 1.0, 5)
     log.close()
     return log
@@ -43,7 +43,7 @@ def stale(tmp_path):
     log = log_with_rows(tmp_path, 10)
     before = superblock.read(log.path)["eoa"]
     for update in range(11, 21):
-        log.new_update(update, log.now(), {"env_s": 0.001})
+        log.add_update({"update": update, "t_s": log.now(), "env_s": 0.001})
         log.episode(update, 1.0, 5)
     log.close()
     assert os.path.getsize(log.path) > before
