@@ -132,7 +132,7 @@ class Actor:
     def state(self) -> dict:
         """What a checkpoint needs to continue the rollout exactly (tensors, text)."""
         return {"torch_rng": torch.get_rng_state(), "envs": env_state(self.envs),
-                "roller": {"obs": self.obs.clone(),
+                "roller": {"obs": self.obs.clone(),      # "roller": the older files' name
                            "running_return": torch.tensor(self._running_return),
                            "running_length": torch.tensor(self._running_length),
                            "rollouts": self.rollouts}}

@@ -20,12 +20,10 @@ draws the same case and any failure can be replayed.  What is checked, and why:
   does not count) is sampled after the topology's warm-up (which runs the largest
   buffer of every op and dtype, and of each topology root, so scratch buffers and MPI's
   pools are at full size) and at its end, and from the first warm-up to the end of the
-  run; growth must stay under ``--rss-limit-mib`` (16 MiB by default: measured here at 8
-  ranks, a topology's phase grows by at most 3.4 MiB (``native``: MPICH's pools, levelling
-  off by 3000 exchanges) and a whole run by 4-6 MiB whether it has 200 or 5000 exchanges
-  per topology; the bound still catches a leak of one buffer per exchange, or of ~2 KiB
-  per exchange over one topology's 5000).  Python objects tracked by the garbage
-  collector must not grow by more than ``--objects-limit``.
+  run; growth must stay under ``--rss-limit-mib`` (16 MiB by default: several times what
+  MPICH's own pools grow by, small enough to catch a leak of one buffer per exchange;
+  the growth measured per topology: docs/topologies.md).  Python objects tracked by the
+  garbage collector must not grow by more than ``--objects-limit``.
 * **Nothing left in flight.**  After each topology, every rank sends every other rank a
   probe message on each tag the topologies use (:func:`topology_tags`), then a
   sentinel; the receiver takes everything from that rank with ``ANY_TAG`` up to the

@@ -11,9 +11,8 @@ overflow ... eoa = ...".  Everything they need was written, up to the file's rea
 :func:`repair` moves the superblock's end-of-file address to that end (what
 ``h5clear --increment`` does, without the increment) and rewrites its checksum.
 
-Seen when killing a writer that does nothing but flush (about 1 ms per flush): 2 files
-of 400 kills.  In a run a flush takes a fraction of a percent of the time, so a random
-kill lands in one rarely; this is for that rare one.
+A kill rarely lands inside a flush (a fraction of a percent of a run's time) and rarely
+leaves this behind when it does; how rarely, measured: docs/log-schema.md.
 
 Superblock version 2 and 3 layout (HDF5 File Format Specification, section II.A), with
 8-byte offsets and lengths: signature (8), version (1), size of offsets (1), size of
