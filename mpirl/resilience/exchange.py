@@ -6,7 +6,9 @@ way Horovod's elastic ``State`` does: a failed allreduce is agreed by the surviv
 the communicator shrinks, the topology is rebuilt on it, the gradient is put back from
 its saved copy and the allreduce redone, and the loop that called it never sees the
 retry; it only finds fewer ranks in :attr:`size` afterwards.  Every failure survived is
-handed to ``on_failure(update, event)`` (the log's ``failures`` table).
+handed to ``failed(update, event)`` (the log's ``failures`` table), whichever of the
+exchange's collectives saw it: the allreduce of ``update``, or a collective after it (a
+checksum, a progress line, the stop check), which names the last update averaged.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Exchange:
         #: told of each failure survived, with the update whose exchange saw it
         self.failed: Callable[[int, FailureEvent], None] = failed or (lambda update, event: None)
         self._marks = (0, 0)
+        self.update = 0               # the update of the last (or current) average
 
     @property
     def size(self) -> int:
@@ -70,10 +73,8 @@ class Exchange:
                 self._backup = Backup(buf)
             self._backup.save()
             restore = self._backup.restore
-        known = len(self.team.events)
-        self.team.run(lambda c: self.topology.allreduce(buf, average=True), where, restore)
-        for event in self.team.events[known:]:
-            self.failed(update, event)
+        self.update = update
+        self._run(lambda c: self.topology.allreduce(buf, average=True), where, restore)
 
     def bcast(self, buf: np.ndarray, root: int = 0) -> None:
         """Rank ``root``'s ``buf`` on every rank (at start: not protected)."""
@@ -82,7 +83,16 @@ class Exchange:
     def collective(self, op: Callable[[MPI.Comm], T], what: str) -> T:
         """``op(comm)`` (a few numbers for progress, a checksum, a stop), agreed and
         redone after a failure like the exchange itself."""
-        return self.team.run(op, what)
+        return self._run(op, what)
+
+    def _run(self, op: Callable[[MPI.Comm], T], what: str,
+             restore: Callable[[], None] | None = None) -> T:
+        """``op`` through the team; every failure it survived is told to :attr:`failed`."""
+        known = len(self.team.events)
+        result = self.team.run(op, what, restore)
+        for event in self.team.events[known:]:
+            self.failed(self.update, event)
+        return result
 
     def take_bytes(self) -> tuple[int, int]:
         """Bytes this rank's topology sent and received since the last call."""

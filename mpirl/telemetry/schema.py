@@ -103,7 +103,8 @@ SIM_STEP_DTYPE = np.dtype([
 #: one row per failure this rank survived (``--on-failure shrink``): what it saw, how
 #: long detection and recovery took, and who was left
 FAILURE_DTYPE = np.dtype([
-    ("update", "i8"),          # the update whose exchange saw the failure
+    ("update", "i8"),          # the update whose exchange saw the failure (or, seen in a
+                               # collective after it: a checksum, the stop check, that one)
     ("t_s", "f8"),             # when recovery ended, seconds since the rank's start
     ("unix_s", "f8"),          # the same, wall clock (to compare with a kill's time)
     ("detect_s", "f8"),        # from entering the failed operation to the error
