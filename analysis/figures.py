@@ -20,22 +20,43 @@ from mpirl.study.figures import predicted_scaling_figure  # noqa: F401
 
 from mpirl.telemetry.schema import LOSSES
 
-from .load import COMPUTE_PHASES, Run, breakdown, scaling
+from .load import COMPUTE_PHASES, Run, breakdown, role_breakdown, scaling
 
 #: MPICH's forced algorithms in mpirl.bench results (dashed lines)
 MPICH_COLORS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#ff7f0e"]
 PART_COLORS = {"env_s": "#4c72b0", "forward_s": "#8da0cb", "straggle_s": "#c6dbef",
                "backward_s": "#55a868", "optimizer_s": "#8c8c8c", "other_s": "#dcdcdc",
-               "wait_s": "#dd8452", "transfer_s": "#c44e52"}
+               "wait_s": "#dd8452", "transfer_s": "#c44e52", "exchange_s": "#c44e52",
+               "infer_wait_s": "#e6a0c4", "send_s": "#937860", "param_wait_s": "#f0b27a",
+               "batch_wait_s": "#fdd9b5", "reply_s": "#b07aa1", "data_wait_s": "#ffbe7d",
+               "publish_s": "#76b7b2"}
 PART_LABELS = {"env_s": "env", "forward_s": "forward", "straggle_s": "straggler slowdown",
                "backward_s": "backward", "optimizer_s": "optimizer",
                "other_s": "other (bookkeeping)",
-               "wait_s": "exchange: waiting", "transfer_s": "exchange: transfer"}
+               "wait_s": "exchange: waiting", "transfer_s": "exchange: transfer",
+               "exchange_s": "exchange", "infer_wait_s": "actor: waiting for actions",
+               "send_s": "sending", "param_wait_s": "actor: waiting for the reply",
+               "batch_wait_s": "inference: waiting for a batch", "reply_s": "inference: replying",
+               "data_wait_s": "learner: waiting for data", "publish_s": "publishing parameters"}
+#: the order a row's phases are drawn in where they interleave within it (impala, seed,
+#: ga3c: e.g. a seed actor's env steps and waits for actions alternate step by step)
+ROW_ORDER = ("env_s", "forward_s", "infer_wait_s", "straggle_s", "send_s", "param_wait_s",
+             "batch_wait_s", "reply_s", "data_wait_s", "backward_s", "exchange_s",
+             "optimizer_s", "publish_s")
+#: the actor-learner designs: a colour each, dash-dot lines
+DESIGN_COLORS = {"impala": "#9467bd", "seed": "#e377c2", "ga3c": "#bcbd22"}
 
 
 def _design_label(topology: str, mode: str, straggler: str = "none") -> str:
-    label = f"{topology} / {mode}"
+    label = mode if mode in DESIGN_COLORS else f"{topology} / {mode}"
     return label if straggler == "none" else f"{label}, straggler {straggler}"
+
+
+def _style(topology: str, mode: str) -> dict:
+    """Colour and line style of a design in every figure."""
+    if mode in DESIGN_COLORS:
+        return {"color": DESIGN_COLORS[mode], "linestyle": "-."}
+    return {"color": _color(topology), "linestyle": MODE_STYLES.get(mode, "-")}
 
 
 # -- 1. scaling --------------------------------------------------------------------------------
@@ -46,8 +67,7 @@ def scaling_figure(runs: pd.DataFrame) -> plt.Figure:
     ranks_all = sorted(table["ranks"].unique())
     for (topo, mode, strag), d in table.groupby(["topology", "mode", "straggler"]):
         d = d.sort_values("ranks")
-        style = dict(color=_color(topo), linestyle=MODE_STYLES.get(mode, "-"), marker="o",
-                     label=_design_label(topo, mode, strag))
+        style = dict(**_style(topo, mode), marker="o", label=_design_label(topo, mode, strag))
         axes[0].errorbar(d["ranks"], d["env_steps_per_s"], yerr=d["env_steps_per_s_std"],
                          capsize=3, **style)
         axes[1].errorbar(d["ranks"], d["updates_per_s"], yerr=d["updates_per_s_std"],
@@ -97,6 +117,7 @@ def timeline_figure(run: Run, window: tuple[float, float] | None = None) -> plt.
     lo, hi = window or timeline_window(run)
     u = u[(u["t_run_s"] + u["busy_s"] >= lo) & (u["t_run_s"] <= hi)]
     ranks = sorted(run.updates["rank"].unique())
+    sequential = run.config["mode"] in DESIGN_COLORS
     fig, ax = plt.subplots(figsize=(13, 0.55 * len(ranks) + 1.8))
     for _, r in u.iterrows():
         y = r["rank"]
@@ -107,7 +128,12 @@ def timeline_figure(run: Run, window: tuple[float, float] | None = None) -> plt.
         collect = r["env_s"] + r["forward_s"]
         segments = [(r["t_run_s"], collect, "env_s"),
                     (r["t_run_s"] + collect, r["straggle_s"], "straggle_s")]
-        if not math.isnan(ex):
+        if sequential:      # one row interleaves its phases step by step: drawn in turn
+            segments, at = [], r["t_run_s"]
+            for part in ROW_ORDER:
+                segments.append((at, r[part], part))
+                at += r[part]
+        elif not math.isnan(ex):
             segments += [(ex - r["backward_s"], r["backward_s"], "backward_s"),
                          (ex, r["wait_s"], "wait_s"),
                          (ex + r["wait_s"], r["transfer_s"], "transfer_s"),
@@ -117,19 +143,22 @@ def timeline_figure(run: Run, window: tuple[float, float] | None = None) -> plt.
                 ax.broken_barh([(start, width)], (y - 0.38, 0.76), color=PART_COLORS[part],
                                linewidth=0)
     roles = run.updates.groupby("rank")["role"].first()
-    ax.set_yticks(ranks, [f"rank {r}" + (" (server)" if roles[r] == "server" else "")
+    ax.set_yticks(ranks, [f"rank {r}" + (f" ({roles[r]})" if roles[r] != "worker" else "")
                           for r in ranks])
     ax.invert_yaxis()
     ax.set_xlim(lo, hi)
     ax.set_xlabel("seconds since the run started")
-    shown = [p for p in PART_COLORS if p != "forward_s"]    # drawn inside env + forward
+    present = [p for p in PART_COLORS if p in u and u[p].fillna(0).sum() > 0] + ["other_s"]
+    shown = [p for p in PART_COLORS if (p in present or p in ("wait_s", "transfer_s")
+             and not sequential) and p != "exchange_s" and (sequential or p != "forward_s")]
     handles = [plt.Rectangle((0, 0), 1, 1, color=PART_COLORS[p]) for p in shown]
-    labels = {**PART_LABELS, "env_s": "env + forward (rollout)"}
+    labels = PART_LABELS if sequential else {**PART_LABELS, "env_s": "env + forward (rollout)"}
     ax.legend(handles, [labels[p] for p in shown], ncol=4, fontsize=8,
               loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     strag = ",".join(run.config.get("straggler") or []) or "none"
-    ax.set_title(f"Per-rank timeline: {run.config['topology']} / {run.config['mode']}, "
-                 f"{len(ranks)} ranks, straggler {strag} ({hi - lo:.2f} s window)")
+    order = "; each row's phases drawn in turn" if sequential else ""
+    ax.set_title(f"Per-rank timeline: {run.label}, {len(ranks)} ranks, straggler {strag} "
+                 f"({hi - lo:.2f} s window{order})")
     fig.tight_layout()
     return fig
 
@@ -158,25 +187,79 @@ def breakdown_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-# -- 4. staleness ------------------------------------------------------------------------------
+# -- 4. staleness and policy lag --------------------------------------------------------------
 def staleness_figure(runs: list[Run]) -> plt.Figure:
-    """Histogram of applied gradients' staleness, one panel per async/quorum run."""
+    """Histogram of how old what was learned from was, one panel per run: applied
+    gradients' staleness (async/quorum) or unrolls' policy lag (impala/seed/ga3c)."""
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
     for ax, run in zip(axes[0], runs, strict=True):
-        s = run.staleness
-        if not len(s):    # older runs: the server's applied rows carry the same numbers
+        lagged = run.config["mode"] in DESIGN_COLORS
+        s = run.policy_lag if lagged else run.staleness
+        if not len(s) and not lagged:   # older runs: the server's applied rows
             server = run.updates[(run.updates["role"] == "server") &
                                  (run.updates["dropped"] == 0)]
             s = server["staleness"].to_numpy()
         bins = np.arange(-0.5, max(int(s.max()) if len(s) else 0, 1) + 1.5)
-        ax.hist(s, bins=bins, color=_color(run.config["topology"]), alpha=0.8)
+        ax.hist(s, bins=bins, color=_style(run.config["topology"], run.config["mode"])["color"],
+                alpha=0.8)
         strag = ",".join(run.config.get("straggler") or []) or "none"
-        ax.set_title(f"{run.config['mode']}, {run.meta['world_size']} ranks, straggler {strag}"
-                     f"\nmean {np.mean(s) if len(s) else float('nan'):.2f}, n={len(s)}",
-                     fontsize=9)
-        ax.set_xlabel("staleness (server updates between pull and apply)")
-        ax.set_ylabel("gradients applied")
-    fig.suptitle("Staleness of applied gradients")
+        p95 = np.percentile(s, 95) if len(s) else float("nan")
+        ax.set_title(f"{run.label}, {run.meta['world_size']} ranks, straggler {strag}"
+                     f"\nmean {np.mean(s) if len(s) else float('nan'):.2f}, p95 {p95:.0f}, "
+                     f"n={len(s)}", fontsize=9)
+        ax.set_xlabel("policy lag (learner updates since the unroll's version)" if lagged
+                      else "staleness (server updates between pull and apply)")
+        ax.set_ylabel("unrolls learned from" if lagged else "gradients applied")
+    fig.suptitle("How old was what the learner used: staleness and policy lag")
+    fig.tight_layout()
+    return fig
+
+
+# -- 4b. time by role ---------------------------------------------------------------------------
+def roles_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
+    """Share of each role's time in each phase, one bar per run and role: actors
+    (env, forward or waiting for actions, sending, waiting for parameters), inference
+    (batching wait, forward, replying), learners (waiting for data, training,
+    exchange, publishing), and the gradient designs' workers and servers."""
+    table = role_breakdown(updates, runs).sort_values(["ranks", "label", "role"])
+    parts = [p for p in PART_COLORS if p in table and table[p].sum() > 0]
+    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.32 * len(table) + 1.5)))
+    y = np.arange(len(table))
+    left = np.zeros(len(table))
+    for part in parts:
+        values = table[part].fillna(0.0).to_numpy()
+        ax.barh(y, values, left=left, color=PART_COLORS[part], label=PART_LABELS[part])
+        left += values
+    ax.set_yticks(y, [f"{r.label} {r.ranks}r: {r.role}" for r in table.itertuples()],
+                  fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of the role's logged time (summed over its ranks)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3,
+              frameon=False)
+    ax.set_title("Where each role's time goes")
+    fig.tight_layout()
+    return fig
+
+
+# -- 4c. bytes per env step ---------------------------------------------------------------------
+def bytes_figure(runs: pd.DataFrame) -> plt.Figure:
+    """Bytes every rank sent per env step, vs ranks, one line per design: what travels
+    (gradients, parameters, unrolls, observations and actions) and what it costs."""
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    done = runs[runs["finished"]]
+    for (topo, mode), d in done.groupby(["topology", "mode"]):
+        d = d.groupby("ranks", as_index=False)["bytes_per_env_step"].mean()
+        ax.plot(d["ranks"], d["bytes_per_env_step"], marker="o",
+                label=_design_label(topo, mode), **_style(topo, mode))
+    ax.set(xlabel="MPI ranks", ylabel="bytes sent per env step (all ranks)",
+           title="What travels, per env step")
+    ax.set_yscale("log")
+    ax.set_xscale("log", base=2)
+    ranks = sorted(done["ranks"].unique())
+    ax.set_xticks(ranks, [str(r) for r in ranks])
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -192,10 +275,10 @@ def learning_figure(runs: list[Run], smooth: int = 50) -> plt.Figure:
             continue
         ret = e["return"].rolling(min(smooth, len(e)), min_periods=1).mean()
         strag = ",".join(run.config.get("straggler") or [])
-        label = f"{run.config['topology']}/{run.config['mode']} {run.meta['world_size']}r" + \
+        label = f"{run.label} {run.meta['world_size']}r" + \
             (f" straggler {strag}" if strag else "")
         style = dict(color=palette[i % len(palette)], linewidth=1.3, label=label,
-                     linestyle=MODE_STYLES.get(run.config["mode"], "-"))
+                     linestyle=_style(run.config["topology"], run.config["mode"])["linestyle"])
         axes[0].plot(e["env_steps"], ret, **style)
         axes[1].plot(e["t_run_s"], ret, **style)
     axes[0].set(xlabel="env steps (all ranks)", ylabel=f"episode return (mean of {smooth})",
@@ -210,14 +293,16 @@ def learning_figure(runs: list[Run], smooth: int = 50) -> plt.Figure:
 
 
 # -- 5b. losses -------------------------------------------------------------------------------
+#: the roles that compute gradients: sync/async workers, impala/seed/ga3c learners
+LOSS_ROLES = ("worker", "learner")
 LOSS_LABELS = {"policy_loss": "policy loss", "value_loss": "value loss", "entropy": "entropy",
                "approx_kl": "approx. KL (clipped objective)"}
 
 
 def has_losses(run: Run) -> bool:
-    """The run's log holds losses (schema 4 and later; worker rows)."""
-    workers = run.updates[run.updates["role"] == "worker"]
-    return bool(len(workers)) and workers["policy_loss"].notna().any()
+    """The run's log holds losses (schema 4 and later; worker or learner rows)."""
+    rows = run.updates[run.updates["role"].isin(LOSS_ROLES)]
+    return bool(len(rows)) and rows["policy_loss"].notna().any()
 
 
 def losses_figure(runs: list[Run], smooth: int = 20) -> plt.Figure:
@@ -227,8 +312,11 @@ def losses_figure(runs: list[Run], smooth: int = 20) -> plt.Figure:
     fig, axes = plt.subplots(1, len(LOSSES), figsize=(4.6 * len(LOSSES), 4.2))
     palette = plt.get_cmap("tab10").colors
     for i, run in enumerate(sorted(runs, key=lambda r: r.name)):
-        u = run.updates[run.updates["role"] == "worker"].sort_values("t_unix_s")
-        steps = u["env_steps"].cumsum()
+        u = run.updates[run.updates["role"].isin(LOSS_ROLES)].sort_values("t_unix_s")
+        steps = run.updates[run.updates["role"].isin(("worker", "actor"))].sort_values(
+            "t_unix_s").set_index("t_unix_s")["env_steps"].cumsum()
+        steps = np.interp(u["t_unix_s"], steps.index, steps.to_numpy()) if len(steps) \
+            else u["env_steps"].cumsum()
         style = dict(color=palette[i % len(palette)], linewidth=1.2,
                      linestyle=MODE_STYLES.get(run.config["mode"], "-"),
                      label=f"{run.label} {run.meta['world_size']}r")

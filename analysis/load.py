@@ -23,10 +23,11 @@ import pandas as pd
 
 from mpirl.telemetry.read import (COMPUTE_PHASES, Run, find_bench, find_runs, load_bench,
                                   load_run)
+from mpirl.telemetry.schema import EXPERIENCE_ROLES, PHASES
 
 __all__ = ["COMPUTE_PHASES", "DESIGN", "Run", "Sweep", "add_efficiency", "breakdown",
-           "find_bench", "find_runs", "load_bench", "load_run", "load_sweep", "run_row",
-           "scaling"]
+           "find_bench", "find_runs", "load_bench", "load_run", "load_sweep", "role_breakdown",
+           "run_row", "scaling"]
 
 #: what identifies a design in tables and legends.
 DESIGN = ("topology", "mode")
@@ -46,14 +47,14 @@ class Sweep:
 def run_row(run: Run) -> dict:
     """The one-line description of a run used by ``Sweep.runs``."""
     u, cfg = run.updates, run.config
-    workers = u[u["role"] == "worker"]
+    workers = u[u["role"].isin(EXPERIENCE_ROLES)]
     wall = run.summary.get("wall_s") or float(u["t_run_s"].max() + u["busy_s"].iloc[-1])
     steps = run.summary.get("env_steps", int(workers["env_steps"].sum()))
     updates = run.summary.get("updates", int(u["update"].max()) if len(u) else 0)
     busy = workers["busy_s"].sum()
     row = {"run": run.name, "topology": cfg["topology"], "mode": cfg["mode"],
            "ranks": int(run.meta["world_size"]),
-           "workers": int(run.meta["world_size"]) - (cfg["mode"] != "sync"),
+           "workers": int(workers["rank"].nunique()),
            "seed": cfg["seed"], "straggler": ",".join(cfg.get("straggler") or []) or "none",
            "env": cfg["env"], "finished": bool(run.summary),
            "oversubscribed": bool(run.meta.get("oversubscribed", False)),
@@ -61,7 +62,11 @@ def run_row(run: Run) -> dict:
            "env_steps_per_s": steps / wall if wall else np.nan,
            "updates_per_s": updates / wall if wall else np.nan,
            "final_mean_return": run.summary.get("final_mean_return", np.nan),
-           "mean_staleness": run.summary.get("mean_staleness", np.nan)}
+           "mean_staleness": run.summary.get("mean_staleness", np.nan),
+           "label": run.label,
+           # every rank's bytes sent (topologies and channels alike) per env step
+           "bytes_per_env_step": u["bytes_sent"].sum() / steps if steps else np.nan,
+           "mean_policy_lag": run.summary.get("mean_policy_lag", np.nan)}
     for col in ("compute_s", "wait_s", "transfer_s", "exchange_s"):
         row[f"{col.removesuffix('_s')}_share"] = workers[col].sum() / busy if busy else np.nan
     return row
@@ -125,7 +130,16 @@ def breakdown(updates: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Mean seconds per update of each phase, worker ranks, per design and rank count;
     the exchange split into wait and transfer."""
     parts = [p for p in COMPUTE_PHASES] + ["wait_s", "transfer_s"]
-    workers = updates[updates["role"] == "worker"]
+    workers = updates[updates["role"].isin(EXPERIENCE_ROLES)]
     per_run = workers.groupby("run")[parts].mean().reset_index()
     merged = per_run.merge(runs[["run", *DESIGN, "straggler", "ranks"]], on="run")
     return merged.groupby([*DESIGN, "straggler", "ranks"], as_index=False)[parts].mean()
+
+
+def role_breakdown(updates: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Share of each role's logged time in each phase, per run and role (summed over the
+    role's ranks): where an actor, a learner, an inference rank, a worker or a server
+    spends its seconds.  Columns: run, label, ranks, role, one per phase."""
+    totals = updates.groupby(["run", "role"])[list(PHASES)].sum()
+    shares = totals.div(totals.sum(axis=1).replace(0.0, np.nan), axis=0).reset_index()
+    return shares.merge(runs[["run", "label", "ranks"]], on="run")

@@ -65,9 +65,11 @@ def run_figures(sweep, args, out: Path, save, skipped: list[str]) -> None:
     if not args.timeline and not (sweep.runs["ranks"] > 1).any():
         skipped.append("timeline: no run with more than one rank")
     save(figures.breakdown_figure(sweep.updates, sweep.runs), "breakdown")
+    save(figures.roles_figure(sweep.updates, sweep.runs), "roles")
+    save(figures.bytes_figure(sweep.runs), "bytes")
     optional = [
         ("staleness", [r for r in runs if r.config["mode"] != "sync"],
-         figures.staleness_figure, "no async or quorum run"),
+         figures.staleness_figure, "no async, quorum, impala, seed or ga3c run"),
         ("learning", runs, figures.learning_figure, "no run"),
         ("losses", [r for r in runs if figures.has_losses(r)], figures.losses_figure,
          "no run that logged its losses (schema 4)"),

@@ -99,3 +99,27 @@ def bench_file(tmp_path_factory) -> Path:
     run_mpi(2, ["-m", "mpirl.bench", "--sizes", "4", "1K", "64K", "--iters", "20",
                 "--rounds", "1", "--out", str(path)], timeout_s=120)
     return path
+
+
+def kill_an_actor(tmp_path: Path, mode: str, nranks: int) -> None:
+    """SIGKILL the last rank, an actor, of a running ``mode`` job once it has logged 5
+    rows: the job must end within 15 s, the sentinel naming that rank and its pid."""
+    import signal
+    import time
+
+    from mpirl.resilience.sentinel import read_status, status_dir
+    from mpirun import start_mpi
+
+    victim, run_dir = nranks - 1, tmp_path / "k"
+    args = ["-m", "mpirl.run", "--mode", mode, "--env", "Delay-v0", "--env-arg",
+            "cost_s=0.002", *BATCH, "--total-steps", "10000000", "--run-dir", str(tmp_path),
+            "--run-name", "k"]
+    with start_mpi(nranks, args) as job:
+        status = job.reached(run_dir, victim, 5)
+        os.kill(read_status(status_dir(run_dir) / f"rank{victim:04d}")["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        job.wait(60, what="the job did not end within 60 s of an actor's SIGKILL")
+    took = time.monotonic() - killed
+    assert job.returncode != 0 and took < 15, (took, job.tail())
+    line = next(s for s in job.output.splitlines() if "died without a word" in s)
+    assert line.startswith(f"mpirl: rank {victim} (pid {status['pid']} on "), line

@@ -65,6 +65,13 @@ def test_sync_run_learns_cartpole(tmp_path):
     (["--env", "Delay-v0", "--env-arg", "speed"], "env_arg='speed'; expected KEY=VALUE"),
     (["--env", "L2Run-v0", "--env-arg", "difficulty=5"], "difficulty=5; allowed: 0, 1 or 2"),
     (["--env-arg", "difficulty=1"], "CartPole-v1 takes none"),
+    (["--mode", "impala", "--learners", "2"], "learners=2 needs at least 3 ranks"),
+    (["--mode", "ga3c"], "needs at least 3 ranks (one actor or more), got 2"),
+    (["--mode", "seed", "--inference-policy", "fixed", "--inference-batch", "5"],
+     "inference_batch=5 with fixed-size batching can never fill: 1 actors x num_envs 4 = 4"),
+    (["--mode", "seed", "--learners", "2"], "learners=2 with mode='seed'; allowed: 1"),
+    (["--mode", "impala", "--param-refresh", "never"], "param_refresh='never' is not allowed"),
+    (["--mode", "impala", "--rho-bar", "-1"], "rho_bar=-1.0; allowed: >= 0.0"),
 ])
 def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
     result = run_mpi(2, ["-m", "mpirl.run", *args, "--run-dir", str(tmp_path)],
@@ -74,6 +81,26 @@ def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
     assert fragment in result.output, result.output
     assert "Traceback" not in result.output
     assert not any(tmp_path.iterdir()), "a failed start must not create a run directory"
+
+
+@pytest.mark.parametrize("nranks, args, fragment", [
+    (1, ["--mode", "seed"], "mode='seed' with 1 learner needs at least 2 ranks"),
+    (4, ["--mode", "impala", "--learners", "3"],
+     "learners=3 with 4 ranks leaves 1 actors, and every learner needs one; allowed: 1..2"),
+    (2, ["--mode", "seed", "--learner-device", "cuda"],
+     "learner_device='cuda' but torch sees no GPU on this machine; allowed here: cpu"),
+])
+def test_actor_learner_wiring_is_checked_at_start(tmp_path, nranks, args, fragment):
+    if "cuda" in args:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU: cuda is allowed here")
+    result = run_mpi(nranks, ["-m", "mpirl.run", *args, "--run-dir", str(tmp_path)],
+                     timeout_s=120, check=False)
+    assert result.returncode == 2, result.tail()
+    assert result.output.count("mpirl.run: error:") == 1, result.output
+    assert fragment in result.output, result.output
+    assert not any(tmp_path.iterdir())
 
 
 def test_ranks_launched_with_different_configurations_are_refused(tmp_path):

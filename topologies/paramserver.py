@@ -218,12 +218,13 @@ def _testany(requests: list[MPI.Request], status: MPI.Status):
     return index if flag and index != MPI.UNDEFINED else None
 
 
-def _wait_until(poll, timeout_s: float | None, what: str, stats: CommStats | None = None):
+def _wait_until(poll, timeout_s: float | None, what: str, stats: CommStats | None = None,
+                max_pause_s: float = 1e-3):
     """Call ``poll`` until it returns something truthy (or an int index); deadline-bound.
 
-    Polls with a back-off from 0 to 1 ms of sleep, so a waiting rank does not spin a core
-    that an oversubscribed neighbour needs.  The time until the poll succeeds is added
-    to ``stats.wait_s``."""
+    Polls with a back-off from 0 to ``max_pause_s`` (1 ms) of sleep, so a waiting rank
+    does not spin a core that an oversubscribed neighbour needs.  The time until the poll
+    succeeds is added to ``stats.wait_s``."""
     start = time.perf_counter()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pause = 0.0
@@ -237,4 +238,4 @@ def _wait_until(poll, timeout_s: float | None, what: str, stats: CommStats | Non
             raise DeadlineExceeded(f"{what} within {timeout_s:g} s")
         if pause:
             time.sleep(pause)
-        pause = min(1e-3, pause * 2 or 1e-5)
+        pause = min(max_pause_s, pause * 2 or 1e-5)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from .groups import (ACTIVATIONS, CHECKS, FAIL_KINDS, LATE_POLICIES, MODES, NAN_POLICIES,
+from .groups import (ACTIVATIONS, ACTOR_LEARNER_MODES, CHECKS, GRADIENT_MODES,
+                     ActorLearnerFields, FAIL_KINDS, LATE_POLICIES, MODES, NAN_POLICIES,
                      ON_FAILURE, ConfigError, DesignFields, EnvFields, FaultSpecError,
                      LearnerFields, ResilienceFields, TelemetryFields, parse_faults,
                      parse_stragglers)
@@ -29,7 +30,8 @@ from .loading import SafeLoader, build_parser, coerce, load_yaml, parse_args, pr
 
 
 @dataclass
-class Config(ResilienceFields, TelemetryFields, LearnerFields, EnvFields, DesignFields):
+class Config(ResilienceFields, TelemetryFields, ActorLearnerFields, LearnerFields, EnvFields,
+             DesignFields):
     """Everything that defines a run; identical on every rank.  Fields come in the order
     design, environment, learner, bookkeeping, faults (dataclass bases, last first)."""
 
@@ -52,8 +54,17 @@ class Config(ResilienceFields, TelemetryFields, LearnerFields, EnvFields, Design
         return out
 
     def experience_ranks(self, world_size: int) -> int:
-        """Ranks that run environments: all in sync, all but the server otherwise."""
-        return world_size if self.mode == "sync" else world_size - 1
+        """Ranks that run environments: all in sync, all but the server (async,
+        quorum), all but the learners (impala), the learner (seed), or the trainer and
+        the predictor (ga3c)."""
+        servers = {"sync": 0, "impala": self.learners, "ga3c": 2}.get(self.mode, 1)
+        return world_size - servers
+
+    def inference_mode(self) -> str:
+        """seed/ga3c batching: ``fixed`` or ``drain`` (``auto`` resolved by design)."""
+        if self.inference_policy != "auto":
+            return self.inference_policy
+        return "drain" if self.mode == "ga3c" else "fixed"
 
     def quorum_size(self, world_size: int) -> int:
         """Fresh gradients per quorum update: ``quorum`` or half the workers, rounded up."""
@@ -107,6 +118,7 @@ def config_differences(mine: dict, reference: dict) -> list[str]:
             for key in sorted(set(mine) | set(reference)) if mine.get(key) != reference.get(key)]
 
 
-__all__ = ["ACTIVATIONS", "FAIL_KINDS", "LATE_POLICIES", "MODES", "NAN_POLICIES", "ON_FAILURE",
+__all__ = ["ACTIVATIONS", "ACTOR_LEARNER_MODES", "FAIL_KINDS", "GRADIENT_MODES", "LATE_POLICIES",
+           "MODES", "NAN_POLICIES", "ON_FAILURE",
            "Config", "ConfigError", "FaultSpecError", "build_parser", "config_differences",
            "load_yaml", "parse_args", "parse_faults", "parse_stragglers"]

@@ -11,7 +11,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODES = ("sync", "async", "quorum")          # mpirl.designs.DESIGNS, without importing torch
+MODES = ("sync", "async", "quorum", "impala", "seed", "ga3c")   # mpirl.designs.DESIGNS
+GRADIENT_MODES = ("sync", "async", "quorum")      # what travels: gradients
+ACTOR_LEARNER_MODES = ("impala", "seed", "ga3c")  # unrolls, observations and actions
+REFRESH = ("unroll", "updates", "episode")
+INFERENCE_POLICIES = ("auto", "fixed", "drain")
+DEVICES = ("cpu", "cuda")
 LATE_POLICIES = ("drop", "apply")
 ACTIVATIONS = ("tanh", "relu", "elu")
 NAN_POLICIES = ("stop", "skip")
@@ -58,7 +63,7 @@ def check_design(cfg, world_size: int) -> None:
     choice("mode", cfg.mode, MODES)
     choice("topology", cfg.topology, topologies.names())
     choice("late", cfg.late, LATE_POLICIES)
-    if cfg.mode != "sync":
+    if cfg.mode in ("async", "quorum"):
         if cfg.topology != "star":
             raise ConfigError(
                 f"mode={cfg.mode!r} runs a parameter server, the star topology used "
@@ -89,6 +94,98 @@ def parse_stragglers(specs: list) -> dict[int, float]:
             raise ConfigError(f"straggler={spec!r}; allowed: RANK >= 0 and a finite FACTOR >= 1")
         out[rank] = factor
     return out
+
+
+# -- actor-learner designs: impala, seed, ga3c --------------------------------------------------
+@dataclass
+class ActorLearnerFields:
+    learners: int = _doc("impala: learner ranks (0..L-1); they average their gradients with "
+                         "the topology's allreduce; every other rank is an actor", default=1)
+    unroll_batch: int = _doc("unrolls per learner update (impala, seed; ga3c: the "
+                             "trainer's batch); 0 = one per actor the learner serves",
+                             default=0)
+    param_refresh: str = _doc(
+        "impala: when an actor gets fresh parameters with the reply to its unroll: "
+        "'unroll' (every unroll, the paper), 'updates' (once the learner is "
+        "--refresh-every updates ahead of the actor's copy), 'episode' (when one of the "
+        "actor's episodes ended in the unroll: fetch before the next game)", default="unroll")
+    refresh_every: int = _doc("impala, --param-refresh updates: K", default=1)
+    max_policy_lag: int = _doc("impala/seed/ga3c: unrolls whose parameters are more than "
+                               "this many updates old are dropped (counted); 0 = no bound",
+                               default=0)
+    rho_bar: float = _doc("V-trace: clip of the importance weight in the targets; 0 = none",
+                          default=1.0)
+    c_bar: float = _doc("V-trace: clip of the trace-cutting weights c; 0 = none", default=1.0)
+    pg_rho_bar: float = _doc("V-trace: clip of the weight in the policy gradient; 0 = none",
+                             default=1.0)
+    vtrace_lambda: float = _doc("V-trace: lambda multiplying the c weights", default=1.0)
+    inference_policy: str = _doc(
+        "seed/ga3c inference batching: 'fixed' (wait for --inference-batch observations, "
+        "seed_rl), 'drain' (take what has arrived, waiting at most --inference-wait-s for "
+        "more: GA3C's predictor); auto = fixed for seed, drain for ga3c", default="auto")
+    inference_batch: int = _doc(
+        "seed/ga3c: observations per forward pass (fixed: exactly, rounded up to whole "
+        "actors; drain: at most); 0 = half the actors' envs (fixed), all of them (drain)",
+        default=0)
+    inference_wait_s: float = _doc("drain batching: longest wait for more requests once "
+                                   "one has arrived", default=0.002)
+    learner_device: str = _doc("device of the learner and inference ranks: cpu (cuda is "
+                               "checked and refused: not built yet)", default="cpu")
+
+
+def check_actor_learner(cfg, world_size: int) -> None:
+    choice("param_refresh", cfg.param_refresh, REFRESH)
+    choice("inference_policy", cfg.inference_policy, INFERENCE_POLICIES)
+    choice("learner_device", cfg.learner_device, DEVICES)
+    for name in ("unroll_batch", "max_policy_lag"):
+        at_least(name, getattr(cfg, name), 0)
+    for name in ("learners", "refresh_every"):
+        at_least(name, getattr(cfg, name), 1)
+    for name in ("rho_bar", "c_bar", "pg_rho_bar"):
+        at_least(name, getattr(cfg, name), 0.0)
+    in_range("vtrace_lambda", cfg.vtrace_lambda, 0.0, 1.0)
+    at_least("inference_wait_s", cfg.inference_wait_s, 0.0)
+    at_least("inference_batch", cfg.inference_batch, 0)
+    if cfg.mode in ACTOR_LEARNER_MODES:
+        _check_wiring(cfg, world_size)
+
+
+def _check_wiring(cfg, world_size: int) -> None:
+    """The rank counts, batch and device an actor-learner design can run with."""
+    servers = {"impala": cfg.learners, "seed": 1, "ga3c": 2}[cfg.mode]
+    if world_size <= servers:
+        what = {"impala": f"learners={cfg.learners}", "seed": "1 learner",
+                "ga3c": "a trainer and a predictor"}[cfg.mode]
+        raise ConfigError(f"mode={cfg.mode!r} with {what} needs at least {servers + 1} ranks "
+                          f"(one actor or more), got {world_size}"
+                          + ("; lower --learners" if cfg.mode == "impala" else
+                             f"; launch with mpirun -np {servers + 1} or more"))
+    if cfg.resume:
+        raise ConfigError(f"resume with mode={cfg.mode!r}: the actor-learner designs write no "
+                          "checkpoints yet; allowed with --resume: sync, async, quorum")
+    if cfg.mode == "impala" and cfg.learners > world_size - cfg.learners:
+        raise ConfigError(f"learners={cfg.learners} with {world_size} ranks leaves "
+                          f"{world_size - cfg.learners} actors, and every learner needs one; "
+                          f"allowed: 1..{world_size // 2}")
+    if cfg.learners != 1 and cfg.mode != "impala":
+        raise ConfigError(f"learners={cfg.learners} with mode={cfg.mode!r}; allowed: 1 "
+                          "(several learners are impala's)")
+    actors_envs = (world_size - servers) * cfg.num_envs
+    if cfg.mode != "impala" and cfg.inference_mode() == "fixed" and \
+            cfg.inference_batch > actors_envs:
+        raise ConfigError(f"inference_batch={cfg.inference_batch} with fixed-size batching "
+                          f"can never fill: {world_size - servers} actors x num_envs "
+                          f"{cfg.num_envs} = {actors_envs} observations at most; allowed: "
+                          f"0..{actors_envs}")
+    if cfg.learner_device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("learner_device='cuda' but torch sees no GPU on this machine; "
+                              "allowed here: cpu")
+        # the learner's flat parameter and gradient buffers are host memory that the
+        # channels and topologies send in place; a device copy is not built yet
+        raise ConfigError("learner_device='cuda' is not supported yet (the learner's flat "
+                          "buffers live in host memory); allowed: cpu")
 
 
 # -- environment and budget ---------------------------------------------------------------------
@@ -305,8 +402,8 @@ def parse_faults(specs: list, world_size: int | None = None) -> dict[int, tuple[
 
 
 #: the groups' checks, in the order a configuration is validated
-CHECKS = (check_design, check_learner, check_telemetry, check_resilience, check_env,
-          check_budget)
+CHECKS = (check_design, check_actor_learner, check_learner, check_telemetry, check_resilience,
+          check_env, check_budget)
 
 
 # -- value checks shared by the groups -----------------------------------------------------------

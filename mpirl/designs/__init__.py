@@ -11,6 +11,10 @@ mode      wiring                                     what travels
 sync      every rank: envs, actor, learner            gradients, by allreduce
 async     rank 0: parameter server; others: workers   gradients up, parameters down
 quorum    as async; the server steps on K fresh ones  gradients up, parameters down
+impala    ranks 0..L-1: learners; others: actors      unrolls up, parameters down
+seed      rank 0: learner + inference; others: envs   observations up, actions down
+ga3c      rank 0: trainer; 1: predictor; others: envs observations up, actions down;
+                                                      unrolls to the trainer
 ========  =========================================  ==============================
 """
 
@@ -24,17 +28,21 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
-from ..config import MODES, Config
+from ..config import ACTOR_LEARNER_MODES, MODES, Config
 from ..launch import cpu_count
 from ..resilience import sentinel
-from ..telemetry import superblock
+from ..telemetry import schema, superblock
 from ..telemetry.h5log import rank_file, run_file
 from .common import Summary, local_rank_count
+from .impala import run_impala
 from .paramserver import run_async, run_quorum
+from .seed import run_ga3c, run_seed
 from .sync import run_sync
 
-DESIGNS = {"sync": run_sync, "async": run_async, "quorum": run_quorum}
+DESIGNS = {"sync": run_sync, "async": run_async, "quorum": run_quorum, "impala": run_impala,
+           "seed": run_seed, "ga3c": run_ga3c}
 assert tuple(DESIGNS) == MODES, "mpirl.config.MODES must name the designs registered here"
+assert ACTOR_LEARNER_MODES == schema.ACTOR_LEARNER_MODES, "the readers must know them too"
 
 
 def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
@@ -82,10 +90,20 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
 def describe(s: Summary) -> str:
     lines = [f"done: {s.updates} updates, {s.env_steps} env steps in {s.wall_s:.1f} s "
              f"({s.env_steps / s.wall_s if s.wall_s else math.nan:.0f} steps/s); "
-             f"final mean return {s.final_mean_return:.1f}",
-             f"gradients: {s.gradients_sent} sent = {s.gradients_applied} applied + "
-             f"{s.gradients_dropped} dropped; communication {100 * s.comm_share:.1f}% of "
-             "workers' busy time"]
+             f"final mean return {s.final_mean_return:.1f}"]
+    if s.mode in ACTOR_LEARNER_MODES:
+        lines.append(f"unrolls: {s.unrolls_sent} sent = {s.unrolls_used} used + "
+                     f"{s.unrolls_dropped} dropped; policy lag mean {s.mean_policy_lag:.2f}, "
+                     f"p95 {s.p95_policy_lag:.0f} updates; {s.bytes_per_env_step:.0f} bytes "
+                     f"per env step; actors' env share {100 * s.actor_env_share:.1f}%")
+        if s.requests_sent:
+            lines.append(f"requests: {s.requests_sent} sent = {s.requests_answered} answered "
+                         f"+ {s.requests_dropped} dropped; {s.mean_inference_batch:.1f} "
+                         "observations per forward pass")
+        return "\n".join(lines)
+    lines.append(f"gradients: {s.gradients_sent} sent = {s.gradients_applied} applied + "
+                 f"{s.gradients_dropped} dropped; communication {100 * s.comm_share:.1f}% of "
+                 "workers' busy time")
     if s.ranks_failed:
         lines.append(f"survived the failure of rank(s) {s.ranks_failed}: finished with "
                      f"{s.ranks - len(s.ranks_failed)} of {s.ranks} ranks (--on-failure shrink)")

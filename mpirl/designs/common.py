@@ -54,6 +54,20 @@ class Summary:
     snapshots: int = 0                      # async/quorum: checkpoint snapshots completed
     snapshot_s: float = 0.0                 # the server's seconds in them (first flag to
                                             # its own checkpoint written), summed
+    # impala, seed, ga3c: what travels is unrolls, observations and actions
+    unrolls_sent: int = 0                   # by actors (impala) or the predictor (ga3c);
+                                            # seed: assembled at the learner
+    unrolls_used: int = 0                   # trained on
+    unrolls_dropped: int = 0                # too old (--max-policy-lag) or left at the end
+    requests_sent: int = 0                  # seed/ga3c: observation requests of actors
+    requests_answered: int = 0              # with actions
+    requests_dropped: int = 0               # answered with STOP at the end
+    actions_received: int = 0               # by actors (== requests_answered)
+    mean_policy_lag: float = math.nan       # over unrolls used, in learner updates
+    p95_policy_lag: float = math.nan
+    bytes_per_env_step: float = math.nan    # every rank's bytes sent / env steps
+    mean_inference_batch: float = math.nan  # seed/ga3c: observations per forward pass
+    actor_env_share: float = math.nan       # actors' env-stepping seconds / their wall time
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -126,8 +140,8 @@ def sum_over_ranks(comm: MPI.Comm, values: tuple[float, ...]) -> tuple:
 def reached_target(target: float, recent_means: list[float], ranks: int) -> bool:
     """True when ``target`` is set, all ``ranks`` have a full window of recent episodes,
     and the mean of their windows' means reaches ``target``."""
-    return bool(target) and len(recent_means) == ranks \
-        and sum(recent_means) / ranks >= target
+    return bool(target and len(recent_means) == ranks
+                and sum(recent_means) / ranks >= target)
 
 
 class StartupMismatch(RuntimeError):

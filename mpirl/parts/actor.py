@@ -1,9 +1,12 @@
 """The actor part: steps a rank's envs with whatever policy it is handed.
 
 A policy is anything with ``act(obs) -> (action, logp, value)`` and
-``value(obs) -> value`` over a batch of observations (one per env).
-:class:`ModelPolicy` is a rank's own replica; a design that runs inference elsewhere
-hands the actor a policy whose answers come back from another rank.  The actor keeps
+``value(obs) -> value`` over a batch of observations (one per env); it may also have
+``observe(reward, done)``, told what each step gave (what travels with SEED's next
+request), and ``phase``, the timer phase its calls are logged under (``forward_s``
+unless it says otherwise).  :class:`ModelPolicy` is a rank's own replica; a design that
+runs inference elsewhere hands the actor a policy whose answers come back from another
+rank (:class:`mpirl.designs.seed.RemotePolicy`).  The actor keeps
 what an episode leaves behind (returns, lengths, simulator step times) and the state
 that lets a checkpoint continue its rollout exactly.
 """
@@ -87,8 +90,9 @@ class Actor:
         obs_buf = torch.empty((steps, n, *self.obs.shape[1:]))
         act_buf = []
         rew_buf, boot_buf, done_buf, val_buf, logp_buf = (torch.zeros(steps, n) for _ in range(5))
+        phase, observe = getattr(policy, "phase", "forward_s"), getattr(policy, "observe", None)
         for t in range(steps):
-            with timer("forward_s"):
+            with timer(phase):
                 action, logp_buf[t], value = policy.act(self.obs)
             env_action = action.numpy()
             if self._clip is not None:
@@ -98,9 +102,11 @@ class Actor:
             self._track_sim_time(info)
             reward = np.asarray(reward, dtype=np.float64)
             self._track_episodes(reward, terminated | truncated)
+            if observe is not None:
+                observe(reward, terminated | truncated)
             if truncated.any():
                 final = np.stack([info["final_obs"][i] for i in np.flatnonzero(truncated)])
-                with timer("forward_s"):
+                with timer(phase):
                     boot = policy.value(torch.as_tensor(final, dtype=torch.float32))
                 boot_buf[t, torch.as_tensor(truncated)] = boot
             obs_buf[t], val_buf[t] = self.obs, value
@@ -108,7 +114,7 @@ class Actor:
             rew_buf[t] = torch.as_tensor(reward)
             done_buf[t] = torch.as_tensor(terminated | truncated, dtype=torch.float32)
             self.obs = torch.as_tensor(next_obs, dtype=torch.float32)
-        with timer("forward_s"):
+        with timer(phase):
             last_value = policy.value(self.obs)
         self.rollouts += 1
         if self.slowdown > 1.0:

@@ -36,8 +36,9 @@ import h5py
 import numpy as np
 import pandas as pd
 
-from .schema import (BENCH_KIND, EPISODE_DTYPE, FAILURE_DTYPE, OLDEST_READABLE, PHASES,
-                     SCHEMA_VERSION, SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE, upgrade, written)
+from .schema import (ACTOR_LEARNER_MODES, BENCH_KIND, EPISODE_DTYPE, EXPERIENCE_ROLES,
+                     FAILURE_DTYPE, OLDEST_READABLE, PHASES, SCHEMA_VERSION, SIM_STEP_DTYPE,
+                     TABLES, UPDATE_DTYPE, upgrade, written)
 
 COMPUTE_PHASES = tuple(p for p in PHASES if p != "exchange_s")
 
@@ -90,6 +91,8 @@ class Run:
     updates: pd.DataFrame
     episodes: pd.DataFrame
     staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: impala/seed/ga3c: the policy lag of every unroll learned from (policy_lag.npy)
+    policy_lag: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: one row per env step of envs that time their simulator: run, rank, update, env, sim_s
     sim_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: one row per rank failure a survivor lived through (--on-failure shrink):
@@ -102,7 +105,13 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.config['topology']}/{self.config['mode']}"
+        """``topology/mode``; the actor-learner designs by mode alone (their topology
+        only serves impala's several learners)."""
+        mode = self.config["mode"]
+        if mode in ACTOR_LEARNER_MODES:
+            learners = self.config.get("learners", 1)
+            return mode if learners == 1 else f"{mode} x{learners} {self.config['topology']}"
+        return f"{self.config['topology']}/{mode}"
 
 
 def find_runs(*paths: str | Path) -> list[Path]:
@@ -166,6 +175,8 @@ def load_run(path: str | Path) -> Run:
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     staleness_path = path / "staleness.npy"
     staleness = np.load(staleness_path) if staleness_path.is_file() else np.zeros(0, np.int64)
+    lag_path = path / "policy_lag.npy"
+    lag = np.load(lag_path) if lag_path.is_file() else np.zeros(0, np.int64)
     updates = _derive(tables["updates"], config["mode"])
     episodes = tables["episodes"]
     t0 = min([updates["t_unix_s"].min()] +
@@ -176,7 +187,7 @@ def load_run(path: str | Path) -> Run:
            "failures": tables["failures"]}
     for table in out.values():
         table.insert(0, "run", path.name)
-    return Run(path, meta, config, summary, out["updates"], out["episodes"], staleness,
+    return Run(path, meta, config, summary, out["updates"], out["episodes"], staleness, lag,
                out["sim_steps"], out["failures"])
 
 
@@ -196,11 +207,13 @@ def _derive(u: pd.DataFrame, mode: str) -> pd.DataFrame:
 def _episode_progress(e: pd.DataFrame, u: pd.DataFrame, t0: float) -> pd.DataFrame:
     """Add ``t_run_s`` and ``env_steps`` (env steps taken by all ranks by then) to episodes."""
     e["t_run_s"] = e["t_unix_s"] - t0
-    collected = u[u["role"] == "worker"].sort_values("t_unix_s")
+    collected = u[u["role"].isin(EXPERIENCE_ROLES)].sort_values("t_unix_s")
     if len(e) and len(collected):
         # an update's env steps are counted from the end of its rollout, roughly its start
-        # plus its env+forward time; good to a fraction of one update
-        done_at = collected["t_unix_s"] + collected["env_s"] + collected["forward_s"]
+        # plus its env+forward time (+ waiting for actions, seed/ga3c); good to a
+        # fraction of one update
+        done_at = collected["t_unix_s"] + collected["env_s"] + collected["forward_s"] \
+            + collected["infer_wait_s"]
         order = np.argsort(done_at.to_numpy())
         steps = np.cumsum(collected["env_steps"].to_numpy()[order])
         idx = np.searchsorted(done_at.to_numpy()[order], e["t_unix_s"].to_numpy(), side="right")

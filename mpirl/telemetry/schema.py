@@ -16,7 +16,8 @@ Layout of a run directory:
     analysis opens this one file and reaches every rank's data.
 
 ``rankNNNN.h5`` (written by rank NNNN alone; no traffic between ranks)
-    attrs: ``rank``, ``hostname``, ``role`` (``worker`` or ``server``), ``start_unix_s``,
+    attrs: ``rank``, ``hostname``, ``role`` (``worker``, ``server``, ``actor``,
+    ``learner``, ``predictor``), ``start_unix_s``,
     ``schema``.
     ``updates``: one row per update this rank took part in (:data:`UPDATE_DTYPE`).
     ``episodes``: one row per finished episode (:data:`EPISODE_DTYPE`).
@@ -32,14 +33,15 @@ written (``update`` -1): readers drop them (:func:`written`).
 Schema history: 2 added ``exchange_t_s``, ``wait_s`` and ``other_s``; 3 the
 ``failures`` table; 4 the losses of every update (``policy_loss``, ``value_loss``,
 ``entropy``, ``approx_kl``), the fill values, and files that a crash leaves readable by
-any HDF5 reader (:mod:`mpirl.telemetry.h5log`).
+any HDF5 reader (:mod:`mpirl.telemetry.h5log`); 5 the actor-learner designs' phases by
+role and their lag, queue, batch and round-trip columns.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: the oldest schema the readers still read (older files lack some columns: NaN or -1)
 OLDEST_READABLE = 1
 
@@ -72,14 +74,36 @@ UPDATE_DTYPE = np.dtype([
     ("value_loss", "f8"),      # update (before averaging with other ranks'); NaN on a
     ("entropy", "f8"),         # server, which computes none
     ("approx_kl", "f8"),       # E[(r - 1) - log r], r = pi/pi_old: PPO's clipped
-                               # objective only (--clip-ratio > 0), else NaN
+                               # objective only (--clip-ratio > 0), else NaN; V-trace
+                               # designs: the learner's policy against the behaviour one
+    # schema 5: the actor-learner designs (impala, seed, ga3c).  Phases by role:
+    ("infer_wait_s", "f8"),    # actor: waiting for actions from the inference rank
+    ("send_s", "f8"),          # actor: sending (an unroll; a request's part not waited)
+    ("param_wait_s", "f8"),    # actor: waiting for the learner's reply to an unroll
+    ("batch_wait_s", "f8"),    # inference: waiting for requests to fill a batch
+    ("reply_s", "f8"),         # inference: sending actions back
+    ("data_wait_s", "f8"),     # learner: waiting for unrolls
+    ("publish_s", "f8"),       # learner: sending parameters (to actors or a predictor)
+    ("policy_lag", "f8"),      # learner: mean over the update's unrolls of (version at
+                               # use - version that produced it); actor: lag of the
+                               # parameters it acted with when its unroll was taken
+    ("policy_lag_max", "i8"),  # learner: the largest of them
+    ("queue_len", "i8"),       # learner: unrolls waiting when the update began
+    ("batch_size", "f8"),      # inference: mean observations per forward pass
+    ("rtt_s", "f8"),           # seed/ga3c actor: mean round trip of a step's request
 ])
 PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optimizer_s",
-          "other_s")
+          "infer_wait_s", "send_s", "param_wait_s", "batch_wait_s", "reply_s",
+          "data_wait_s", "publish_s", "other_s")
+#: the roles of ranks that step environments (their rows carry env steps and episodes)
+EXPERIENCE_ROLES = ("worker", "actor")
+#: the designs whose unrolls carry a parameter version (policy_lag.npy, lag columns)
+ACTOR_LEARNER_MODES = ("impala", "seed", "ga3c")
 #: what an update row holds where its writer gives no value (0 for every other field)
 UPDATE_UNSET = {"param_version": -1, "staleness": -1, "exchange_t_s": np.nan,
                 "wait_s": np.nan, "policy_loss": np.nan, "value_loss": np.nan,
-                "entropy": np.nan, "approx_kl": np.nan}
+                "entropy": np.nan, "approx_kl": np.nan, "policy_lag": np.nan,
+                "policy_lag_max": -1, "queue_len": -1, "batch_size": np.nan, "rtt_s": np.nan}
 #: the loss columns, in the order :func:`mpirl.parts.learner.losses.actor_critic_loss`
 #: reports them
 LOSSES = ("policy_loss", "value_loss", "entropy", "approx_kl")

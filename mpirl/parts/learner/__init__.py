@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .flat import FlatParams
-from .losses import actor_critic_loss, gae
+from .losses import actor_critic_loss, gae, vtrace, vtrace_loss
 from .model import ActorCritic
 
 
@@ -35,6 +35,7 @@ class Learner:
 
     def __init__(self, cfg, obs_space, act_space) -> None:
         self.cfg = cfg
+        self.obs_space, self.act_space = obs_space, act_space
         torch.manual_seed(cfg.seed)            # the same initial replica on every rank
         self.model = ActorCritic(obs_space, act_space, cfg.hidden, cfg.activation,
                                  cfg.layer_norm)
@@ -69,10 +70,23 @@ class Learner:
         """Loss on ``batch`` with the current parameters; the gradient lands in
         :attr:`grad`.  Returns the loss's parts (the log's loss columns)."""
         cfg = self.cfg
+        return self._backward(timer, lambda: actor_critic_loss(
+            self.model, batch, cfg.value_coef, cfg.entropy_coef, cfg.clip_ratio))
+
+    def vtrace_gradient(self, unrolls, timer) -> dict:
+        """IMPALA's V-trace loss on a batch of :class:`~mpirl.parts.unroll.Unrolls`
+        (clipping thresholds ``--rho-bar``, ``--c-bar``, ``--pg-rho-bar``, 0 = none;
+        ``--vtrace-lambda``); the gradient lands in :attr:`grad`."""
+        cfg = self.cfg
+        return self._backward(timer, lambda: vtrace_loss(
+            self.model, unrolls, cfg.value_coef, cfg.entropy_coef,
+            rho_bar=cfg.rho_bar or None, c_bar=cfg.c_bar or None,
+            pg_rho_bar=cfg.pg_rho_bar or None, lam=cfg.vtrace_lambda))
+
+    def _backward(self, timer, loss_and_parts) -> dict:
         with timer("backward_s"):
             self.flat.zero_grad()
-            loss, parts = actor_critic_loss(self.model, batch, cfg.value_coef,
-                                            cfg.entropy_coef, cfg.clip_ratio)
+            loss, parts = loss_and_parts()
             loss.backward()
         return parts
 
@@ -116,4 +130,5 @@ class Learner:
             self.opt.load_state_dict(state["adam"])
 
 
-__all__ = ["ActorCritic", "Batch", "FlatParams", "Learner", "actor_critic_loss", "gae"]
+__all__ = ["ActorCritic", "Batch", "FlatParams", "Learner", "actor_critic_loss", "gae", "vtrace",
+           "vtrace_loss"]

@@ -62,3 +62,67 @@ def actor_critic_loss(model, batch, value_coef: float, entropy_coef: float,
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
     return loss, {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
                   "entropy": entropy.item(), "approx_kl": approx_kl}
+
+
+def _clip(x: torch.Tensor, bar: float | None) -> torch.Tensor:
+    return x if bar is None else torch.clamp(x, max=bar)
+
+
+@torch.no_grad()
+def vtrace(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rewards: torch.Tensor,
+           discounts: torch.Tensor, values: torch.Tensor, bootstrap: torch.Tensor, *,
+           rho_bar: float | None = 1.0, c_bar: float | None = 1.0,
+           pg_rho_bar: float | None = 1.0, lam: float = 1.0
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace targets ``vs`` and policy-gradient advantages over ``[T, B]`` (Espeholt et
+    al. 2018, eq. 1 and section 4.2), by the backward recursion.
+
+    ``rho_t = pi(a_t|x_t) / mu(a_t|x_t)`` from the two log-probabilities; ``discounts``
+    is ``gamma`` where the episode goes on after step t and 0 where it ended;
+    ``bootstrap`` is ``V(x_T)``.  With ``delta_t = min(rho_bar, rho_t) (r_t + d_t V_{t+1}
+    - V_t)`` and ``c_t = lam min(c_bar, rho_t)``:
+    ``vs_t - V_t = delta_t + d_t c_t (vs_{t+1} - V_{t+1})``; the advantage is
+    ``min(pg_rho_bar, rho_t) (r_t + d_t vs_{t+1} - V_t)`` with ``vs_T = V(x_T)``.
+    A bar of ``None`` does not clip.  Nothing here carries a gradient."""
+    rho = torch.exp(target_logp - behaviour_logp)
+    clipped_rho = _clip(rho, rho_bar)
+    cs = lam * _clip(rho, c_bar)
+    next_values = torch.cat([values[1:], bootstrap[None]], dim=0)
+    deltas = clipped_rho * (rewards + discounts * next_values - values)
+    acc = torch.zeros_like(bootstrap)
+    corrections = torch.empty_like(values)
+    for t in reversed(range(values.shape[0])):
+        acc = deltas[t] + discounts[t] * cs[t] * acc
+        corrections[t] = acc
+    vs = values + corrections
+    next_vs = torch.cat([vs[1:], bootstrap[None]], dim=0)
+    advantages = _clip(rho, pg_rho_bar) * (rewards + discounts * next_vs - values)
+    return vs, advantages
+
+
+def vtrace_loss(model, batch, value_coef: float, entropy_coef: float, *,
+                rho_bar: float | None = 1.0, c_bar: float | None = 1.0,
+                pg_rho_bar: float | None = 1.0, lam: float = 1.0
+                ) -> tuple[torch.Tensor, dict]:
+    """IMPALA's loss on a batch of unrolls (:class:`mpirl.parts.unroll.Unrolls`):
+    ``-logp * A_vtrace + value_coef * 0.5 (vs - V)^2 - entropy_coef * H``, means over
+    ``[T, B]``.  The values come from the learner's current network, on ``T + 1``
+    observations per column (the last one is the bootstrap).  Returns the loss and its
+    parts; ``approx_kl`` is ``E[(r - 1) - log r]`` of the learner's policy against the
+    behaviour policy (the lag V-trace corrects)."""
+    steps, cols = batch.rewards.shape
+    dist = model.dist(batch.obs[:-1].flatten(0, 1))
+    value = model.value(batch.obs.flatten(0, 1)).view(steps + 1, cols)
+    logp = dist.log_prob(batch.actions.flatten(0, 1)).view(steps, cols)
+    vs, adv = vtrace(batch.logp, logp.detach(), batch.rewards, batch.discounts, value[:-1].detach(),
+                     value[-1].detach(), rho_bar=rho_bar, c_bar=c_bar,
+                     pg_rho_bar=pg_rho_bar, lam=lam)
+    policy_loss = -(logp * adv).mean()
+    value_loss = 0.5 * (vs - value[:-1]).pow(2).mean()
+    entropy = dist.entropy().mean()
+    loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
+    with torch.no_grad():
+        log_ratio = logp - batch.logp
+        approx_kl = ((torch.exp(log_ratio) - 1.0) - log_ratio).mean().item()
+    return loss, {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
+                  "entropy": entropy.item(), "approx_kl": approx_kl}

@@ -1,0 +1,322 @@
+"""impala: actors ship whole unrolls; learners train on them with V-trace.
+
+Wiring: ranks ``0..L-1`` (``--learners L``) are learners: a learner part each, no env;
+every other rank is an actor with its own envs and its own copy of the policy.  Actor
+``a`` is served by learner ``(a - L) mod L``.  What travels: an unroll
+(:class:`mpirl.parts.unroll.UnrollLayout`, one contiguous record of observations,
+actions, behaviour log-probabilities, rewards, episode ends, the bootstrap observation
+and the parameter version) from actor to learner; back, a reply that carries the
+learner's parameters when ``--param-refresh`` says so (every unroll, every
+``--refresh-every`` updates, or after an episode ended), else only its version.  With
+several learners, their gradients are averaged by the chosen topology's allreduce on
+the learners' communicator (IMPALA's multi-learner setup).
+
+An actor keeps one unroll in flight: it sends unroll k, collects unroll k+1 meanwhile,
+then takes the reply to k before it sends k+1.  So it never waits for the learner
+unless the learner is behind, and it acts with the parameters of the last reply (policy
+lag, which V-trace corrects, and which ``--max-policy-lag`` bounds by dropping).
+
+A learner takes unrolls as they arrive, answers each at once, and steps once it holds
+``--unroll-batch`` of them.  After every step the learners agree (one small allreduce)
+on the env steps seen, episodes, and whether to stop (budget, ``--target-return``, a
+signal).  Then each learner takes every actor's last unroll and answers it with STOP.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import topologies
+from topologies.channels import ChannelClient, ChannelServer, as_bytes
+
+from ..config import Config
+from ..parts.actor import ModelPolicy
+from ..parts.unroll import META, M, UnrollLayout
+from ..resilience.guard import Guard
+from ..telemetry.progress import Progress
+from ..telemetry.runlog import RunLogger
+from ..telemetry.timing import PhaseTimer, add_phases
+from .actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, UnrollQueue,
+                           VtraceTrainer, lag_stats, meta_nbytes, params_reply, report,
+                           settle)
+from .common import (Episodes, Summary, build_replica, check_same_model, final_mean_return,
+                     reached_target)
+
+
+def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
+    rank, size, n_learners = comm.Get_rank(), comm.Get_size(), cfg.learners
+    is_learner = rank < n_learners
+    learner, actor = build_replica(cfg, rank, with_actor=not is_learner)
+    check_same_model(comm, learner)
+    learners_comm = comm.Split(0 if is_learner else MPI.UNDEFINED, rank)
+    layout = UnrollLayout(cfg.rollout_steps, cfg.num_envs, learner.obs_space, learner.act_space)
+    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
+                      gradient_bytes=learner.grad.nbytes)
+    if is_learner:
+        actors = [a for a in range(n_learners, size) if (a - n_learners) % n_learners == rank]
+        part = ImpalaLearner(cfg, comm, learners_comm, learner, layout, actors, run_dir)
+        part.run()
+        totals = part.fill(summary)
+        learners_comm.Free()
+    else:
+        part = ImpalaActor(cfg, comm, learner, actor, layout,
+                           server=(rank - n_learners) % n_learners, run_dir=run_dir)
+        part.run()
+        totals = part.totals()
+    summary.env_steps = comm.bcast(summary.env_steps, root=0)
+    summary.final_mean_return = final_mean_return(comm, None if is_learner else part.episodes)
+    lags = comm.gather(part.queue.lags if is_learner else [], root=0)
+    if rank == 0:
+        summary.mean_policy_lag, summary.p95_policy_lag = lag_stats(sum(lags, []))
+    settle(summary, comm, **totals)
+    part.log.close(summary.totals())
+    if rank == 0:
+        np.save(run_dir / "policy_lag.npy", np.asarray(sum(lags, []), dtype=np.int64))
+    return summary
+
+
+class ImpalaActor:
+    """Roll out with the local copy, ship the unroll, take the reply to the previous one."""
+
+    def __init__(self, cfg: Config, comm: MPI.Comm, learner, actor, layout: UnrollLayout,
+                 server: int, run_dir: Path) -> None:
+        self.cfg, self.comm, self.learner, self.actor, self.layout = (cfg, comm, learner,
+                                                                      actor, layout)
+        self.client = ChannelClient(comm, server)
+        self.records = [layout.empty(), layout.empty()]   # one filling, one in flight
+        self.reply = params_reply(learner.params.size)
+        self.episodes = Episodes()
+        self.sent = 0
+        self.version = -1                 # of the parameters this actor holds
+        self.phases: dict[str, float] = {}
+        self.log = RunLogger(cfg, comm, run_dir, role="actor")
+
+    def run(self) -> None:
+        cfg, log = self.cfg, self.log
+        policy, timer = ModelPolicy(self.learner.model), PhaseTimer()
+        with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
+            self._take_reply(timer)                       # the learner's first parameters
+            log.begin()
+            in_flight = False
+            while True:
+                record = self.records[self.sent % 2]
+                guard.at(f"collecting unroll {self.sent + 1}")
+                acted_with = self.version
+                rollout = self.actor.collect(policy, cfg.rollout_steps, timer)
+                self._pack(record, rollout, acted_with, guard.stop_requested)
+                stats = self.client.stats
+                sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
+                if in_flight:
+                    guard.at(f"waiting for the reply to unroll {self.sent}")
+                    if not self._take_reply(timer):
+                        break                             # STOP: this unroll stays here
+                with timer("send_s"):
+                    self.client.send(record)
+                self.sent, in_flight = self.sent + 1, True
+                add_phases(self.phases, log.record(
+                    self.sent, timer, bytes_sent=stats.bytes_sent - sent,
+                    bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
+                    env_steps=cfg.steps_per_batch, param_version=acted_with))
+                guard.beat(self.sent, "between unrolls")
+        add_phases(self.phases, timer.take())
+
+    def _pack(self, record: np.ndarray, rollout, version: int, stop: bool) -> None:
+        finished = self.actor.drain_episodes()
+        self.episodes.add(finished)
+        self.log.episodes(self.sent + 1, finished)
+        self.log.sim_times(self.sent + 1, self.actor.drain_sim_times())
+        self.layout.pack(record, rollout, self.actor.obs)
+        meta = record[0]["meta"]
+        recent = self.episodes.recent_mean()
+        meta[:] = 0.0
+        meta[M["version"]], meta[M["index"]] = version, self.sent + 1
+        meta[M["env_steps"]] = self.cfg.steps_per_batch
+        meta[M["episodes"]], meta[M["return_sum"]] = len(finished), sum(r for r, _ in finished)
+        meta[M["recent_mean"]] = np.nan if recent is None else recent
+        meta[M["wants_params"]] = float(bool(finished))
+        meta[M["stop"]] = float(stop)
+
+    def _take_reply(self, timer) -> bool:
+        """The learner's reply: fresh parameters (or not); False on STOP."""
+        with timer("param_wait_s"):
+            tag, _ = self.client.wait_reply(self.reply, timeout_s=self.cfg.wait_timeout_s)
+        if tag == TAG_STOP:
+            return False
+        if tag == TAG_PARAMS:
+            self.learner.params[:] = self.reply[0]["params"]
+            self.version = int(self.reply[0]["meta"][0])
+        elif tag != TAG_KEEP:
+            raise AccountingError(f"rank {self.comm.Get_rank()}: unexpected reply tag {tag}")
+        return True
+
+    def totals(self) -> dict:
+        return {"unrolls": (self.sent, 0, 0), "requests": (0, 0, 0, 0),
+                "bytes_sent": self.client.stats.bytes_sent,
+                "env_s": self.phases.get("env_s", 0.0),
+                "wall_s": sum(self.phases.values()), "is_actor": True}
+
+
+class ImpalaLearner:
+    """Take unrolls, answer each at once, step on every ``--unroll-batch`` of them."""
+
+    def __init__(self, cfg: Config, comm: MPI.Comm, learners_comm: MPI.Comm, learner, layout,
+                 actors: list[int], run_dir: Path) -> None:
+        self.cfg, self.comm, self.sub, self.learner, self.layout = (cfg, comm, learners_comm,
+                                                                    learner, layout)
+        self.actors = actors
+        exchange = (topologies.get(cfg.topology)(learners_comm)
+                    if learners_comm.Get_size() > 1 else None)
+        self.trainer = VtraceTrainer(cfg, learner, exchange)
+        self.server = ChannelServer(comm, actors, layout.nbytes)
+        self.replies = {a: params_reply(learner.params.size) for a in actors}
+        self.queue = UnrollQueue(cfg.max_policy_lag)
+        self.batch = cfg.unroll_batch or len(actors)
+        self.held = {a: -1 for a in actors}          # parameter version each actor holds
+        self.taken = {a: 0 for a in actors}
+        self.recent: dict[int, float] = {}
+        self.owed = np.zeros(4)          # env steps, episodes, return sum, stop flag
+        self.env_steps = 0               # over every learner's actors
+        self.window = [0.0, 0.0]
+        self.stopping = self.solved = False
+        self.phases: dict[str, float] = {}
+        self.logged = (0, 0)             # bytes sent and received up to the last row
+        self.progress = Progress(run_dir, enabled=comm.Get_rank() == 0)
+        self.log = RunLogger(cfg, comm, run_dir, role="learner")
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    def _bytes(self) -> tuple[int, int]:
+        """Bytes this learner sent and received so far: replies, unrolls, exchange."""
+        stats = [self.server.stats] + ([self.trainer.exchange.stats]
+                                       if self.trainer.exchange else [])
+        return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
+
+    def run(self) -> None:
+        timer, log, server = PhaseTimer(), self.log, self.server
+        for a in self.actors:
+            self._publish(a, timer, initial=True)
+        with Guard(self.cfg, self.comm, self.comm.Get_rank()) as guard:
+            log.begin()
+            while not self.stopping:
+                guard.at(f"waiting for unrolls for update {self.version + 1}")
+                queued, records = len(self.queue), []
+                while not records:
+                    while len(self.queue) < self.batch:
+                        with timer("data_wait_s"):
+                            actor = server.wait_any(timeout_s=self.cfg.wait_timeout_s)
+                        self._take(actor, timer)
+                    for actor in server.ready():
+                        self._take(actor, timer)
+                    records = self.queue.take(self.batch, self.version)
+                losses = self.trainer.train(records, timer)
+                lags = self.queue.lags[-len(records):]
+                sent, received = self._bytes()
+                add_phases(self.phases, log.record(
+                    self.version, timer,
+                    bytes_sent=sent - self.logged[0], bytes_recv=received - self.logged[1],
+                    param_version=self.version,
+                    policy_lag=float(np.mean(lags)), policy_lag_max=max(lags),
+                    queue_len=queued, **losses))
+                self.logged = (sent, received)
+                self._agree(guard.stop_requested)
+                guard.beat(self.version, "between updates")
+            self._drain(timer)
+        add_phases(self.phases, timer.take())
+        self.progress.close()
+
+    def _take(self, actor: int, timer) -> None:
+        """An unroll arrived: check and keep it, answer its actor."""
+        record = self.layout.view(self.server.buffers[actor]).copy()   # the slot re-arms
+        meta = record[0]["meta"]
+        self.taken[actor] += 1
+        if int(meta[M["index"]]) != self.taken[actor]:
+            raise AccountingError(f"actor {actor} says this is its unroll {int(meta[M['index']])}"
+                                  f", but it is the {self.taken[actor]}th this learner took")
+        self.owed += (meta[M["env_steps"]], meta[M["episodes"]], meta[M["return_sum"]],
+                      meta[M["stop"]])
+        if not np.isnan(meta[M["recent_mean"]]):
+            self.recent[actor] = float(meta[M["recent_mean"]])
+        self.queue.add(record, self.version)
+        self._publish(actor, timer, wants=bool(meta[M["wants_params"]]))
+
+    def _publish(self, actor: int, timer, initial: bool = False, wants: bool = False) -> None:
+        """Answer ``actor``: with the parameters when the refresh policy says so."""
+        cfg, reply = self.cfg, self.replies[actor]
+        fresh = initial or {"unroll": True, "episode": wants,
+                            "updates": self.version - self.held[actor] >= cfg.refresh_every
+                            }[cfg.param_refresh]
+        with timer("publish_s"):
+            reply[0]["meta"][0] = self.version
+            if fresh:
+                reply[0]["params"] = self.learner.params
+                self.held[actor] = self.version
+                self.server.reply(actor, reply, tag=TAG_PARAMS)
+            else:
+                self.server.reply(actor, as_bytes(reply)[:meta_nbytes()], tag=TAG_KEEP)
+
+    def _agree(self, signalled: bool) -> None:
+        """Every learner learns the env steps, episodes and stop flags of all (one
+        small allreduce), and whether the run ends now."""
+        shared = np.asarray([*self.owed, float(signalled), sum(self.recent.values()),
+                             len(self.recent)])
+        self.sub.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
+        steps, episodes, returns, stops, signals, recent_sum, recent_count = shared
+        self.owed[:] = 0.0
+        self.env_steps += int(steps)
+        self.window[0] += episodes
+        self.window[1] += returns
+        if self.version % self.cfg.log_every == 0:
+            self._report()
+        means = [recent_sum / recent_count] * int(recent_count) if recent_count else []
+        self.solved = self.solved or reached_target(
+            self.cfg.target_return, means, self.comm.Get_size() - self.cfg.learners)
+        self.stopping = (self.env_steps >= self.cfg.total_steps or self.solved
+                         or stops > 0 or signals > 0)
+
+    def _report(self) -> None:
+        self.window = report(self.progress, self.version, self.env_steps, self.window,
+                             self.queue.lags)
+
+    def _drain(self, timer) -> None:
+        """Take every actor's last unroll, answer it with STOP; what is queued is dropped."""
+        server, before = self.server, self.env_steps
+        while server.pending():
+            with timer("data_wait_s"):
+                actor = server.wait_any(timeout_s=self.cfg.wait_timeout_s, only=server.pending())
+            self.taken[actor] += 1
+            self.queue.received += 1
+            self.queue.dropped += 1
+            steps = self.layout.view(server.buffers[actor])[0]["meta"][M["env_steps"]]
+            self.env_steps += int(steps)     # stepped, though never learned from
+            server.reply(actor, as_bytes(self.replies[actor])[:meta_nbytes()], tag=TAG_STOP,
+                         last=True)
+        self.queue.drop_rest()
+        server.close(timeout_s=self.cfg.wait_timeout_s)
+        # the last unrolls were stepped, though never learned from: count them, over
+        # every learner's actors
+        drained = np.asarray([self.env_steps - before], dtype=np.int64)
+        self.sub.Allreduce(MPI.IN_PLACE, drained, op=MPI.SUM)
+        self.env_steps = before + int(drained[0])
+
+    def fill(self, summary: Summary) -> dict:
+        summary.updates = self.version
+        summary.env_steps = self.env_steps
+        summary.wall_s = self.progress.elapsed()
+        summary.phase_s = dict(self.phases)
+        summary.reached_target = self.solved
+        summary.param_digest = self.learner.param_digest()
+        digests = self.sub.allgather(summary.param_digest)
+        if len(set(digests)) > 1:
+            raise AccountingError(f"learners' parameters diverged: {digests}")
+        q = self.queue
+        bytes_sent = self._bytes()[0]
+        return {"unrolls": (0, q.used, q.dropped), "requests": (0, 0, 0, 0),
+                "bytes_sent": bytes_sent, "env_s": 0.0, "wall_s": 0.0, "is_actor": False}
+
+
+__all__ = ["META", "ImpalaActor", "ImpalaLearner", "run_impala"]

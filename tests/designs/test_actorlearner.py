@@ -1,0 +1,63 @@
+"""The actor-learner designs' shared parts in one process: the learner's unroll queue
+(policy-lag bound, accounting) and the inference batcher's sizes."""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import pytest
+
+from mpirl.config import Config
+from mpirl.designs.actorlearner import UnrollQueue, lag_stats
+from mpirl.designs.seed import Batcher
+from mpirl.parts.unroll import M, UnrollLayout
+
+LAYOUT = UnrollLayout(2, 1, gymnasium.spaces.Box(-1, 1, (2,)), gymnasium.spaces.Discrete(2))
+
+
+def unroll(version):
+    record = LAYOUT.empty()
+    record[0]["meta"][M["version"]] = version
+    return record
+
+
+def test_the_queue_hands_out_batches_oldest_first_and_records_their_lag():
+    q = UnrollQueue()
+    for v in (0, 1, 1):
+        q.add(unroll(v), version=1)
+    assert q.take(4, version=1) == []            # not enough yet: nothing taken
+    got = q.take(2, version=3)
+    assert [int(r[0]["meta"][M["version"]]) for r in got] == [0, 1]
+    assert q.lags == [3, 2] and q.used == 2 and len(q) == 1
+    q.drop_rest()
+    assert q.received == q.used + q.dropped == 3
+
+
+def test_the_lag_bound_drops_old_unrolls_on_arrival_and_while_they_wait():
+    q = UnrollQueue(max_lag=2)
+    q.add(unroll(0), version=3)                 # 3 updates old on arrival: dropped
+    q.add(unroll(2), version=3)
+    q.add(unroll(3), version=3)
+    assert q.dropped == 1 and len(q) == 2
+    assert q.take(2, version=5) == []           # the one of version 2 got too old waiting
+    assert q.dropped == 2 and len(q) == 1
+    assert q.received == q.used + q.dropped + len(q)
+
+
+def test_lag_stats():
+    assert lag_stats([1, 1, 2, 6]) == (2.5, pytest.approx(np.percentile([1, 1, 2, 6], 95)))
+    assert all(np.isnan(x) for x in lag_stats([]))
+
+
+@pytest.mark.parametrize("mode, policy, batch, envs, actors, requests", [
+    ("seed", "auto", 0, 4, 6, 3),        # fixed, half the actors' envs
+    ("seed", "fixed", 5, 4, 6, 2),       # rounded up to whole actors
+    ("ga3c", "auto", 0, 4, 6, 6),        # drain: everyone at most
+    ("ga3c", "drain", 8, 4, 6, 2),
+])
+def test_batch_sizes(mode, policy, batch, envs, actors, requests):
+    cfg = Config(mode=mode, inference_policy=policy, inference_batch=batch, num_envs=envs)
+    b = Batcher(cfg, actors)
+    assert b.policy == ("fixed" if (mode, policy) in (("seed", "auto"), ("seed", "fixed"))
+                        else "drain")
+    assert b.requests == requests

@@ -1,0 +1,25 @@
+"""Each actor-learner design learns CartPole-v1 with its documented defaults
+(experiments/cartpole_<mode>.yaml): a mean return of at least 400 over every actor's
+last 20 episodes at 3 and 4 ranks, within the file's budget of 500,000 env steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from mpirun import ROOT, run_mpi
+
+
+@pytest.mark.parametrize("nranks", [3, 4])
+@pytest.mark.parametrize("mode", ["impala", "seed", "ga3c"])
+def test_learns_cartpole(tmp_path, mode, nranks):
+    config = ROOT / "experiments" / f"cartpole_{mode}.yaml"
+    budget = yaml.safe_load(config.read_text())["total_steps"]
+    result = run_mpi(nranks, ["-m", "mpirl.run", "--config", str(config), "--log-every",
+                              "1000", "--run-dir", str(tmp_path), "--run-name", "r"],
+                     timeout_s=400)
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["reached_target"] and s["final_mean_return"] >= 400, result.tail()
+    assert s["env_steps"] <= budget
