@@ -74,9 +74,10 @@ class UnrollQueue:
     def take(self, count: int, version: int) -> list[np.ndarray]:
         """``count`` unrolls, oldest first, once that many not older than the bound are
         queued (the older ones are dropped first); else none."""
-        kept = [r for r in self.items if not self._too_old(r, version)]
-        self.dropped += len(self.items) - len(kept)
-        self.items = deque(kept)
+        if self.max_lag:            # without a bound nothing ages out: no pass over them
+            kept = [r for r in self.items if not self._too_old(r, version)]
+            self.dropped += len(self.items) - len(kept)
+            self.items = deque(kept)
         if len(self.items) < count:
             return []
         out = [self.items.popleft() for _ in range(count)]

@@ -254,14 +254,17 @@ class InferenceRank:
         self.replies = {a: action_record(cfg.num_envs, learner.act_space) for a in actors}
         self.batcher = Batcher(cfg, len(actors))
         self.assembler = UnrollAssembler(layout, actors, cfg.num_envs * cfg.action_repeat)
-        self.trainer = VtraceTrainer(cfg, learner)
-        self.queue = UnrollQueue(cfg.max_policy_lag)       # seed: the learner's
+        # seed: the learner's trainer and queue; ga3c: the outbox and the link to the trainer
+        self.trainer = VtraceTrainer(cfg, learner) if trains else None
+        self.queue = UnrollQueue(cfg.max_policy_lag) if trains else None
         self.batch = cfg.unroll_batch or len(actors)
-        self.outbox: deque[np.ndarray] = deque()            # ga3c: unrolls to ship
+        self.outbox: deque[np.ndarray] = deque()
         self.to_trainer = None if trains else ChannelClient(comm, 0)
+        self._in_flight = None            # ga3c: the unroll being sent, kept alive until
+                                          # the trainer's reply (its Isend reads it)
         self.params_in = params_reply(learner.params.size)
         self.version = 0                  # of the parameters inference acts with
-        self.made = self.shipped = self.dropped = 0
+        self.made = self.dropped = 0
         self.answered = self.stopped = self.rows = self.batches = 0
         self.inference_rows = self.rows_since = self.batches_since = 0
         self.env_steps, self.window = 0, [0.0, 0.0]
@@ -361,7 +364,6 @@ class InferenceRank:
             with timer("send_s"):
                 self._in_flight = record            # kept untouched until the reply
                 link.send(record)
-            self.shipped += 1
             self._row(timer, param_version=self.version)
 
     def _take_params(self, tag: int) -> None:
@@ -388,14 +390,15 @@ class InferenceRank:
         if self.version >= self.next_report:
             self._report()
             self.next_report = self.version + cfg.log_every
-        means = [e.recent_mean() for e in self.recent.values()]
-        self.solved = self.solved or reached_target(
-            cfg.target_return, [m for m in means if m is not None], len(self.actors))
+        if cfg.target_return and not self.solved:     # (every batch: only when asked)
+            means = [e.recent_mean() for e in self.recent.values()]
+            self.solved = reached_target(cfg.target_return,
+                                         [m for m in means if m is not None], len(self.actors))
         self.stopping = self.env_steps >= cfg.total_steps or self.solved or signalled
 
     def _report(self) -> None:
         self.window = report(self.progress, self.version, self.env_steps, self.window,
-                             self.queue.lags)
+                             self.queue.lags if self.trains else [])
 
     def _drain(self, timer) -> None:
         """Answer every actor's next request with STOP; ga3c: end the trainer's stream."""
@@ -434,8 +437,7 @@ class InferenceRank:
         summary.mean_inference_batch = rows / batches if batches else np.nan
 
     def totals(self) -> dict:
-        q = self.queue
-        used, dropped = (q.used, q.dropped) if self.trains else (0, self.dropped)
+        used, dropped = (self.queue.used, self.queue.dropped) if self.trains else (0, self.dropped)
         bytes_sent = self.server.stats.bytes_sent + (
             self.to_trainer.stats.bytes_sent if self.to_trainer else 0)
         return {"unrolls": (self.made, used, dropped),
