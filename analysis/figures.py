@@ -18,7 +18,7 @@ from mpirl.study.figures import MODE_STYLES, TOPOLOGY_COLORS  # noqa: F401
 from mpirl.study.figures import color as _color
 from mpirl.study.figures import predicted_scaling_figure  # noqa: F401
 
-from mpirl.telemetry.schema import LOSSES
+from mpirl.telemetry.schema import ACTOR_LEARNER_MODES, LOSSES
 
 from .load import COMPUTE_PHASES, Run, breakdown, role_breakdown, scaling
 
@@ -29,7 +29,7 @@ PART_COLORS = {"env_s": "#4c72b0", "forward_s": "#8da0cb", "straggle_s": "#c6dbe
                "wait_s": "#dd8452", "transfer_s": "#c44e52", "exchange_s": "#c44e52",
                "infer_wait_s": "#e6a0c4", "send_s": "#937860", "param_wait_s": "#f0b27a",
                "batch_wait_s": "#fdd9b5", "reply_s": "#b07aa1", "data_wait_s": "#ffbe7d",
-               "publish_s": "#76b7b2"}
+               "publish_s": "#76b7b2", "replay_s": "#edc948"}
 PART_LABELS = {"env_s": "env", "forward_s": "forward", "straggle_s": "straggler slowdown",
                "backward_s": "backward", "optimizer_s": "optimizer",
                "other_s": "other (bookkeeping)",
@@ -37,14 +37,17 @@ PART_LABELS = {"env_s": "env", "forward_s": "forward", "straggle_s": "straggler 
                "exchange_s": "exchange", "infer_wait_s": "actor: waiting for actions",
                "send_s": "sending", "param_wait_s": "actor: waiting for the reply",
                "batch_wait_s": "inference: waiting for a batch", "reply_s": "inference: replying",
-               "data_wait_s": "learner: waiting for data", "publish_s": "publishing parameters"}
+               "data_wait_s": "learner: waiting for data", "publish_s": "publishing parameters",
+               "replay_s": "replay: insert, sample, priorities"}
 #: the order a row's phases are drawn in where they interleave within it (impala, seed,
 #: ga3c: e.g. a seed actor's env steps and waits for actions alternate step by step)
 ROW_ORDER = ("env_s", "forward_s", "infer_wait_s", "straggle_s", "send_s", "param_wait_s",
              "batch_wait_s", "reply_s", "data_wait_s", "backward_s", "exchange_s",
-             "optimizer_s", "publish_s")
-#: the actor-learner designs: a colour each, dash-dot lines
-DESIGN_COLORS = {"impala": "#9467bd", "seed": "#e377c2", "ga3c": "#bcbd22"}
+             "optimizer_s", "publish_s", "replay_s")
+#: the designs drawn by mode alone (actor-learner and replay designs): a colour each,
+#: dash-dot lines
+DESIGN_COLORS = {"impala": "#9467bd", "seed": "#e377c2", "ga3c": "#bcbd22",
+                 "apex": "#17becf", "gorila": "#7f7f7f"}
 
 
 def _design_label(topology: str, mode: str, straggler: str = "none") -> str:
@@ -117,7 +120,7 @@ def timeline_figure(run: Run, window: tuple[float, float] | None = None) -> plt.
     lo, hi = window or timeline_window(run)
     u = u[(u["t_run_s"] + u["busy_s"] >= lo) & (u["t_run_s"] <= hi)]
     ranks = sorted(run.updates["rank"].unique())
-    sequential = run.config["mode"] in DESIGN_COLORS
+    sequential = run.config["mode"] in ACTOR_LEARNER_MODES
     fig, ax = plt.subplots(figsize=(13, 0.55 * len(ranks) + 1.8))
     for _, r in u.iterrows():
         y = r["rank"]
@@ -191,9 +194,13 @@ def breakdown_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
 def staleness_figure(runs: list[Run]) -> plt.Figure:
     """Histogram of how old what was learned from was, one panel per run: applied
     gradients' staleness (async/quorum) or unrolls' policy lag (impala/seed/ga3c)."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
-    for ax, run in zip(axes[0], runs, strict=True):
-        lagged = run.config["mode"] in DESIGN_COLORS
+    cols = min(4, len(runs))                 # at most 4 panels a row
+    rows = math.ceil(len(runs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    for ax, run in zip(axes.flat, runs, strict=False):   # the spare panels stay hidden
+        lagged = run.config["mode"] in ACTOR_LEARNER_MODES
         s = run.policy_lag if lagged else run.staleness
         if not len(s) and not lagged:   # older runs: the server's applied rows
             server = run.updates[(run.updates["role"] == "server") &
@@ -209,7 +216,8 @@ def staleness_figure(runs: list[Run]) -> plt.Figure:
                      f"n={len(s)}", fontsize=9)
         ax.set_xlabel("policy lag (learner updates since the unroll's version)" if lagged
                       else "staleness (server updates between pull and apply)")
-        ax.set_ylabel("unrolls learned from" if lagged else "gradients applied")
+        ax.set_ylabel(("transitions learned from" if run.config["mode"] == "apex"
+                       else "unrolls learned from") if lagged else "gradients applied")
     fig.suptitle("How old was what the learner used: staleness and policy lag")
     fig.tight_layout()
     return fig

@@ -101,7 +101,7 @@ def bench_file(tmp_path_factory) -> Path:
     return path
 
 
-def kill_an_actor(tmp_path: Path, mode: str, nranks: int) -> None:
+def kill_an_actor(tmp_path: Path, mode: str, nranks: int, *extra: str) -> None:
     """SIGKILL the last rank, an actor, of a running ``mode`` job once it has logged 5
     rows: the job must end within 15 s, the sentinel naming that rank and its pid."""
     import signal
@@ -113,7 +113,7 @@ def kill_an_actor(tmp_path: Path, mode: str, nranks: int) -> None:
     victim, run_dir = nranks - 1, tmp_path / "k"
     args = ["-m", "mpirl.run", "--mode", mode, "--env", "Delay-v0", "--env-arg",
             "cost_s=0.002", *BATCH, "--total-steps", "10000000", "--run-dir", str(tmp_path),
-            "--run-name", "k"]
+            "--run-name", "k", *extra]
     with start_mpi(nranks, args) as job:
         status = job.reached(run_dir, victim, 5)
         os.kill(read_status(status_dir(run_dir) / f"rank{victim:04d}")["pid"], signal.SIGKILL)

@@ -20,7 +20,8 @@ ALLOWED = {
     "topologies": set(),
     "mpirl.launch": {"mpirl.resilience.sentinel"},     # abort_job silences the sentinel
     "mpirl.config": {"topologies", "mpirl.parts.envs",  # validation looks up registries
-                     "mpirl.resilience.checkpoint"},    # and --resume's files
+                     "mpirl.resilience.checkpoint",     # and --resume's files, and
+                     "mpirl.resilience.schedule"},      # --replay-schedule's
     "mpirl.parts": {"topologies"},
     "mpirl.telemetry": {"mpirl", "mpirl.launch"},       # mpirl: its __version__
     "mpirl.resilience": {"topologies", "mpirl.config", "mpirl.launch"},

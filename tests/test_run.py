@@ -87,6 +87,17 @@ def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
     (1, ["--mode", "seed"], "mode='seed' with 1 learner needs at least 2 ranks"),
     (4, ["--mode", "impala", "--learners", "3"],
      "learners=3 with 4 ranks leaves 1 actors, and every learner needs one; allowed: 1..2"),
+    (6, ["--mode", "apex", "--replay-ranks", "3"],
+     "replay_ranks=3 with 6 ranks leaves 2 actors, and every replay rank needs one; "
+     "allowed: 1..2"),
+    (3, ["--mode", "apex", "--replay-capacity", "50", "--replay-batch", "64",
+         "--replay-ranks", "1"],
+     "replay_capacity=50 over 1 replay shard(s) holds 50 each, less than replay_batch=64"),
+    (3, ["--mode", "apex", "--replay-ranks", "2"],
+     "mode='apex' with 1 learner and replay_ranks=2 needs at least 4 ranks"),
+    (3, ["--mode", "gorila", "--servers", "3"], "servers=3 with 3 ranks leaves no worker"),
+    (3, ["--mode", "sync", "--servers", "2"], "servers=2 with mode='sync'; allowed: 1"),
+    (3, ["--mode", "apex", "--env", "Pendulum-v1"], "a discrete action space"),
     (2, ["--mode", "seed", "--learner-device", "cuda"],
      "learner_device='cuda' but torch sees no GPU on this machine; allowed here: cpu"),
 ])

@@ -21,17 +21,17 @@ from pathlib import Path
 
 import yaml
 
-from .groups import (ACTIVATIONS, ACTOR_LEARNER_MODES, CHECKS, GRADIENT_MODES,
-                     ActorLearnerFields, FAIL_KINDS, LATE_POLICIES, MODES, NAN_POLICIES,
-                     ON_FAILURE, ConfigError, DesignFields, EnvFields, FaultSpecError,
-                     LearnerFields, ResilienceFields, TelemetryFields, parse_faults,
-                     parse_stragglers)
+from .groups import (ACTIVATIONS, ACTOR_LEARNER_MODES, CHECKS, DQN_MODES, FAIL_KINDS,
+                     GRADIENT_MODES, LATE_POLICIES, MODES, NAN_POLICIES, ON_FAILURE,
+                     ActorLearnerFields, ConfigError, DesignFields, EnvFields, FaultSpecError,
+                     LearnerFields, ReplayFields, ResilienceFields, TelemetryFields,
+                     parse_faults, parse_stragglers)
 from .loading import SafeLoader, build_parser, coerce, load_yaml, parse_args, printable
 
 
 @dataclass
-class Config(ResilienceFields, TelemetryFields, ActorLearnerFields, LearnerFields, EnvFields,
-             DesignFields):
+class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields, LearnerFields,
+             EnvFields, DesignFields):
     """Everything that defines a run; identical on every rank.  Fields come in the order
     design, environment, learner, bookkeeping, faults (dataclass bases, last first)."""
 
@@ -54,10 +54,11 @@ class Config(ResilienceFields, TelemetryFields, ActorLearnerFields, LearnerField
         return out
 
     def experience_ranks(self, world_size: int) -> int:
-        """Ranks that run environments: all in sync, all but the server (async,
-        quorum), all but the learners (impala), the learner (seed), or the trainer and
-        the predictor (ga3c)."""
-        servers = {"sync": 0, "impala": self.learners, "ga3c": 2}.get(self.mode, 1)
+        """Ranks that run environments: all in sync, all but the server(s) (async,
+        quorum, gorila), all but the learners (impala), the learner (seed), the trainer
+        and the predictor (ga3c), or the learner and the replay ranks (apex)."""
+        servers = {"sync": 0, "impala": self.learners, "ga3c": 2, "apex": 1 + self.replay_ranks,
+                   "gorila": self.servers, "async": self.servers}.get(self.mode, 1)
         return world_size - servers
 
     def inference_mode(self) -> str:
@@ -118,7 +119,7 @@ def config_differences(mine: dict, reference: dict) -> list[str]:
             for key in sorted(set(mine) | set(reference)) if mine.get(key) != reference.get(key)]
 
 
-__all__ = ["ACTIVATIONS", "ACTOR_LEARNER_MODES", "FAIL_KINDS", "GRADIENT_MODES", "LATE_POLICIES",
-           "MODES", "NAN_POLICIES", "ON_FAILURE",
+__all__ = ["ACTIVATIONS", "ACTOR_LEARNER_MODES", "DQN_MODES", "FAIL_KINDS", "GRADIENT_MODES",
+           "LATE_POLICIES", "MODES", "NAN_POLICIES", "ON_FAILURE",
            "Config", "ConfigError", "FaultSpecError", "build_parser", "config_differences",
            "load_yaml", "parse_args", "parse_faults", "parse_stragglers"]

@@ -11,9 +11,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODES = ("sync", "async", "quorum", "impala", "seed", "ga3c")   # mpirl.designs.DESIGNS
-GRADIENT_MODES = ("sync", "async", "quorum")      # what travels: gradients
-ACTOR_LEARNER_MODES = ("impala", "seed", "ga3c")  # unrolls, observations and actions
+MODES = ("sync", "async", "quorum", "impala", "seed", "ga3c", "apex",
+         "gorila")                                  # mpirl.designs.DESIGNS
+GRADIENT_MODES = ("sync", "async", "quorum", "gorila")   # what travels: gradients
+#: unrolls, observations and actions, transitions: a learner rank, actors elsewhere
+ACTOR_LEARNER_MODES = ("impala", "seed", "ga3c", "apex")
+#: the value-based designs (n-step double DQN over a replay)
+DQN_MODES = ("apex", "gorila")
+GORILA_REPLAY = ("local", "service")
 REFRESH = ("unroll", "updates", "episode")
 INFERENCE_POLICIES = ("auto", "fixed", "drain")
 DEVICES = ("cpu", "cuda")
@@ -45,8 +50,10 @@ class DesignFields:
         "topology's allreduce, every rank steps: A2C/DPPO); async (rank 0 is a parameter "
         "server that applies each worker's gradient on arrival and answers that worker "
         "alone: A3C; needs topology star); quorum (the server waits for --quorum fresh "
-        "gradients, averages them, steps and answers: DPPO's leader; needs topology star)",
-        default="sync")
+        "gradients, averages them, steps and answers: DPPO's leader; needs topology star); "
+        "impala, seed, ga3c (actor-learner designs, docs/actor-learner.md); apex, gorila "
+        "(n-step double DQN over prioritized replay ranks / sharded parameter servers, "
+        "docs/replay-designs.md)", default="sync")
     quorum: int = _doc("quorum mode: fresh gradients the server waits for per update; "
                        "0 = half the workers, rounded up", default=0)
     late: str = _doc("quorum mode: a gradient computed on old parameters is 'drop'ped or "
@@ -152,10 +159,12 @@ def check_actor_learner(cfg, world_size: int) -> None:
 
 def _check_wiring(cfg, world_size: int) -> None:
     """The rank counts, batch and device an actor-learner design can run with."""
-    servers = {"impala": cfg.learners, "seed": 1, "ga3c": 2}[cfg.mode]
+    servers = {"impala": cfg.learners, "seed": 1, "ga3c": 2,
+               "apex": 1 + cfg.replay_ranks}[cfg.mode]
     if world_size <= servers:
         what = {"impala": f"learners={cfg.learners}", "seed": "1 learner",
-                "ga3c": "a trainer and a predictor"}[cfg.mode]
+                "ga3c": "a trainer and a predictor",
+                "apex": f"1 learner and replay_ranks={cfg.replay_ranks}"}[cfg.mode]
         raise ConfigError(f"mode={cfg.mode!r} with {what} needs at least {servers + 1} ranks "
                           f"(one actor or more), got {world_size}"
                           + ("; lower --learners" if cfg.mode == "impala" else
@@ -163,6 +172,10 @@ def _check_wiring(cfg, world_size: int) -> None:
     if cfg.resume:
         raise ConfigError(f"resume with mode={cfg.mode!r}: the actor-learner designs write no "
                           "checkpoints yet; allowed with --resume: sync, async, quorum")
+    if cfg.mode == "apex" and cfg.replay_ranks > world_size - servers:
+        raise ConfigError(f"replay_ranks={cfg.replay_ranks} with {world_size} ranks leaves "
+                          f"{world_size - servers} actors, and every replay rank needs one; "
+                          f"allowed: 1..{(world_size - 1) // 2}")
     if cfg.mode == "impala" and cfg.learners > world_size - cfg.learners:
         raise ConfigError(f"learners={cfg.learners} with {world_size} ranks leaves "
                           f"{world_size - cfg.learners} actors, and every learner needs one; "
@@ -171,7 +184,7 @@ def _check_wiring(cfg, world_size: int) -> None:
         raise ConfigError(f"learners={cfg.learners} with mode={cfg.mode!r}; allowed: 1 "
                           "(several learners are impala's)")
     actors_envs = (world_size - servers) * cfg.num_envs
-    if cfg.mode != "impala" and cfg.inference_mode() == "fixed" and \
+    if cfg.mode in ("seed", "ga3c") and cfg.inference_mode() == "fixed" and \
             cfg.inference_batch > actors_envs:
         raise ConfigError(f"inference_batch={cfg.inference_batch} with fixed-size batching "
                           f"can never fill: {world_size - servers} actors x num_envs "
@@ -186,6 +199,107 @@ def _check_wiring(cfg, world_size: int) -> None:
         # channels and topologies send in place; a device copy is not built yet
         raise ConfigError("learner_device='cuda' is not supported yet (the learner's flat "
                           "buffers live in host memory); allowed: cpu")
+
+
+# -- value-based designs: replay, DQN, sharded parameter server --------------------------------
+@dataclass
+class ReplayFields:
+    replay_ranks: int = _doc("apex: replay ranks (1..R), each holding the transitions of its "
+                             "actors (sharded by actor)", default=1)
+    replay_capacity: int = _doc("apex/gorila: transitions a replay holds (apex: over all "
+                                "shards, split evenly); FIFO eviction", default=50_000)
+    replay_alpha: float = _doc("prioritized replay: priority exponent alpha (0 = uniform)",
+                               default=0.6)
+    replay_beta: float = _doc("prioritized replay: importance-sampling exponent beta at the "
+                              "start", default=0.4)
+    beta_anneal_steps: int = _doc("learner updates over which beta anneals linearly to 1; "
+                                  "0 = constant", default=0)
+    replay_eps: float = _doc("prioritized replay: epsilon added to |TD error|", default=1e-6)
+    replay_batch: int = _doc("apex/gorila: transitions per learner update", default=256)
+    learning_starts: int = _doc("apex/gorila: transitions stored (over all shards) before "
+                                "learning starts", default=1000)
+    train_intensity: float = _doc(
+        "apex: the most transitions sampled per transition inserted, per shard (RLlib's "
+        "training_intensity); the shard holds the learner's request until it may sample; "
+        "0 = no bound", default=0.0)
+    n_step: int = _doc("apex/gorila: n of the n-step returns", default=3)
+    dueling: bool = _doc("apex/gorila: dueling Q-network head", default=False)
+    target_update: int = _doc("apex/gorila: learner updates (gorila: a worker's pushes) "
+                              "between target-network copies", default=100)
+    actor_refresh_steps: int = _doc("apex: env steps an actor takes between parameter "
+                                    "refreshes (rounded up to whole rollouts)", default=400)
+    apex_eps: float = _doc("apex: per-actor epsilon base: actor i of N acts with "
+                           "eps**(1 + alpha*i/(N-1))", default=0.4)
+    apex_eps_alpha: float = _doc("apex: per-actor epsilon exponent alpha", default=7.0)
+    servers: int = _doc("gorila, async: parameter-server ranks (0..S-1) holding contiguous "
+                        "shards of the flat parameter vector", default=1)
+    gorila_replay: str = _doc("gorila: 'local' (each actor-learner's own uniform replay) or "
+                              "'service' (not built yet: refused)", default="local")
+
+
+def check_replay(cfg, world_size: int) -> None:
+    choice("gorila_replay", cfg.gorila_replay, GORILA_REPLAY)
+    for name in ("replay_ranks", "replay_capacity", "replay_batch", "n_step", "target_update",
+                 "actor_refresh_steps", "servers"):
+        at_least(name, getattr(cfg, name), 1)
+    for name in ("beta_anneal_steps", "learning_starts"):
+        at_least(name, getattr(cfg, name), 0)
+    for name in ("replay_alpha", "train_intensity", "apex_eps_alpha"):
+        at_least(name, getattr(cfg, name), 0.0)
+    in_range("replay_beta", cfg.replay_beta, 0.0, 1.0)
+    in_range("replay_eps", cfg.replay_eps, 0.0, 1.0, low_open=True)
+    in_range("apex_eps", cfg.apex_eps, 0.0, 1.0)
+    if cfg.mode in DQN_MODES:
+        shards = cfg.replay_ranks if cfg.mode == "apex" else 1
+        if cfg.replay_capacity // shards < cfg.replay_batch:
+            raise ConfigError(
+                f"replay_capacity={cfg.replay_capacity} over {shards} replay shard(s) holds "
+                f"{cfg.replay_capacity // shards} each, less than replay_batch="
+                f"{cfg.replay_batch}; allowed: replay_capacity >= "
+                f"{shards * cfg.replay_batch}")
+    if cfg.mode in DQN_MODES:
+        _check_discrete(cfg)
+    if cfg.mode == "gorila" and cfg.gorila_replay == "service":
+        raise ConfigError("gorila_replay='service' is not built yet; allowed: local")
+    _check_servers(cfg, world_size)
+
+
+def _check_discrete(cfg) -> None:
+    """A Q-network needs a discrete action space (unknown env ids: check_env says so)."""
+    import gymnasium
+
+    from ..parts.envs import check_env_args   # registers L2Run-v0 and Delay-v0
+
+    if cfg.env not in gymnasium.registry:
+        return
+    if cfg.env == "L2Run-v0":
+        space = "Box (muscle excitations)"           # not built here: OpenSim is slow
+    else:
+        try:
+            check_env_args(cfg.env, cfg.env_kwargs())
+        except ValueError:
+            return                                   # check_env names the argument
+        env = gymnasium.make(cfg.env, **cfg.env_kwargs())
+        space = env.action_space
+        env.close()
+        if isinstance(space, gymnasium.spaces.Discrete):
+            return
+    raise ConfigError(f"mode={cfg.mode!r} learns a Q-network and needs a discrete action "
+                      f"space; env={cfg.env!r} has {space}; allowed: an env with a Discrete "
+                      "action space, e.g. CartPole-v1 or Delay-v0 with --env-arg actions=5")
+
+
+def _check_servers(cfg, world_size: int) -> None:
+    if cfg.servers > 1 and cfg.mode not in ("async", "gorila"):
+        raise ConfigError(f"servers={cfg.servers} with mode={cfg.mode!r}; allowed: 1 (sharded "
+                          "parameter servers are gorila's and async's)")
+    if cfg.mode in ("async", "gorila") and cfg.servers >= world_size:
+        raise ConfigError(f"servers={cfg.servers} with {world_size} ranks leaves no worker; "
+                          f"allowed: 1..{max(1, world_size - 1)}")
+    if cfg.mode == "async" and cfg.servers > 1 and cfg.checkpoint_every:
+        raise ConfigError(f"servers={cfg.servers} with checkpoint_every="
+                          f"{cfg.checkpoint_every}: sharded servers take no checkpoint "
+                          "snapshots yet; allowed: --checkpoint-every 0, or --servers 1")
 
 
 # -- environment and budget ---------------------------------------------------------------------
@@ -326,6 +440,11 @@ class ResilienceFields:
     resume: str = _doc(
         "continue the killed or finished run in this run directory from its checkpoints, "
         "to the same total budget (its config.yaml is the base; flags on top)", default="")
+    replay_schedule: str = _doc(
+        "re-run the run in this directory with its recorded order of events enforced "
+        "(async, quorum, impala, gorila: which push or unroll was taken when); it ends with the "
+        "recorded parameter SHA-256; the configuration must be the recorded one",
+        default="")
     fail: list = _doc(
         "inject a failure, as RANK@UPDATE[:KIND] (repeatable), KIND one of exit (the "
         "process dies), raise, nan (the gradient becomes NaN), hang; for tests and drills",
@@ -333,6 +452,8 @@ class ResilienceFields:
 
 
 def check_resilience(cfg, world_size: int) -> None:
+    if cfg.replay_schedule:
+        _check_replay_schedule(cfg, world_size)
     choice("nan_policy", cfg.nan_policy, NAN_POLICIES)
     choice("on_failure", cfg.on_failure, ON_FAILURE)
     if cfg.on_failure == "shrink" and cfg.mode != "sync":
@@ -348,6 +469,49 @@ def check_resilience(cfg, world_size: int) -> None:
         raise ConfigError("fail=0@...:nan: rank 0 is the parameter server and computes no "
                           "gradient; inject nan on a worker (rank >= 1)")
     at_least("wait_timeout_s", cfg.wait_timeout_s, 0.1)
+
+
+def _check_replay_schedule(cfg, world_size: int) -> None:
+    """A recorded run of this very configuration, rank count and a replayable design."""
+    from ..resilience.schedule import FREE_FIELDS, REPLAYABLE, schedule_path
+    from . import config_differences, load_yaml
+
+    where = Path(cfg.replay_schedule)
+    if cfg.mode not in REPLAYABLE:
+        raise ConfigError(f"replay_schedule with mode={cfg.mode!r}; allowed modes: "
+                          f"{', '.join(REPLAYABLE)}")
+    if cfg.resume:
+        raise ConfigError("replay_schedule with resume: a resumed run records only the "
+                          "events after its resume; replay the run from its start")
+    if not (where / "config.yaml").is_file() or not schedule_path(where, 0).is_file():
+        raise ConfigError(f"replay_schedule={str(where)!r} holds no recorded run (its "
+                          "config.yaml and schedule/rank0000.npy); give a run directory of "
+                          "an async, quorum, impala or gorila run")
+    _check_recorded_size(where, world_size)
+    recorded = {k: v for k, v in load_yaml(where / "config.yaml").items()
+                if k not in FREE_FIELDS}
+    mine = {k: v for k, v in cfg.to_dict().items() if k not in FREE_FIELDS}
+    differences = config_differences(mine, recorded)
+    if differences:
+        raise ConfigError(f"replay_schedule={str(where)!r} is a run of another "
+                          f"configuration: {'; '.join(differences)} (this run vs the recorded "
+                          "one)")
+    ranks = len(list((where / "schedule").glob("rank*.npy")))
+    wanted = {"impala": cfg.learners, "gorila": cfg.servers, "async": cfg.servers}.get(
+        cfg.mode, 1)
+    if ranks != wanted:
+        raise ConfigError(f"replay_schedule={str(where)!r} holds {ranks} schedule files, "
+                          f"this configuration records {wanted}")
+
+
+def _check_recorded_size(where: Path, world_size: int) -> None:
+    import h5py
+
+    with h5py.File(where / "run.h5", "r") as f:
+        recorded = int(f.attrs["world_size"])
+    if recorded != world_size:
+        raise ConfigError(f"replay_schedule={str(where)!r} was recorded with {recorded} ranks; "
+                          f"launch this one with mpirun -np {recorded}, not {world_size}")
 
 
 def _check_resume(cfg, world_size: int) -> None:
@@ -402,8 +566,8 @@ def parse_faults(specs: list, world_size: int | None = None) -> dict[int, tuple[
 
 
 #: the groups' checks, in the order a configuration is validated
-CHECKS = (check_design, check_actor_learner, check_learner, check_telemetry, check_resilience,
-          check_env, check_budget)
+CHECKS = (check_design, check_actor_learner, check_replay, check_learner, check_telemetry,
+          check_resilience, check_env, check_budget)
 
 
 # -- value checks shared by the groups -----------------------------------------------------------

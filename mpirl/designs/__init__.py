@@ -15,6 +15,11 @@ impala    ranks 0..L-1: learners; others: actors      unrolls up, parameters dow
 seed      rank 0: learner + inference; others: envs   observations up, actions down
 ga3c      rank 0: trainer; 1: predictor; others: envs observations up, actions down;
                                                       unrolls to the trainer
+apex      rank 0: learner; 1..R: replay; others:      prioritized transitions up,
+          actors                                      batches to the learner,
+                                                      priorities back, parameters down
+gorila    ranks 0..S-1: parameter shards; others:     gradient shards up, parameter
+          actor-learners with a local replay          shards down
 ========  =========================================  ==============================
 """
 
@@ -34,13 +39,15 @@ from ..resilience import sentinel
 from ..telemetry import schema, superblock
 from ..telemetry.h5log import rank_file, run_file
 from .common import Summary, local_rank_count
+from .apex import run_apex
 from .impala import run_impala
+from .gorila import run_gorila
 from .paramserver import run_async, run_quorum
 from .seed import run_ga3c, run_seed
 from .sync import run_sync
 
 DESIGNS = {"sync": run_sync, "async": run_async, "quorum": run_quorum, "impala": run_impala,
-           "seed": run_seed, "ga3c": run_ga3c}
+           "seed": run_seed, "ga3c": run_ga3c, "apex": run_apex, "gorila": run_gorila}
 assert tuple(DESIGNS) == MODES, "mpirl.config.MODES must name the designs registered here"
 assert ACTOR_LEARNER_MODES == schema.ACTOR_LEARNER_MODES, "the readers must know them too"
 
@@ -91,6 +98,14 @@ def describe(s: Summary) -> str:
     lines = [f"done: {s.updates} updates, {s.env_steps} env steps in {s.wall_s:.1f} s "
              f"({s.env_steps / s.wall_s if s.wall_s else math.nan:.0f} steps/s); "
              f"final mean return {s.final_mean_return:.1f}"]
+    if s.mode == "apex":
+        lines.append(f"transitions: {s.transitions_sent} sent = {s.transitions_inserted} "
+                     f"inserted ({s.replay_evicted} evicted), {s.transitions_sampled} sampled, "
+                     f"{s.priority_updates} priorities updated; policy lag mean "
+                     f"{s.mean_policy_lag:.2f}, p95 {s.p95_policy_lag:.0f} updates; "
+                     f"{s.bytes_per_env_step:.0f} bytes per env step; actors' env share "
+                     f"{100 * s.actor_env_share:.1f}%")
+        return "\n".join(lines)
     if s.mode in ACTOR_LEARNER_MODES:
         lines.append(f"unrolls: {s.unrolls_sent} sent = {s.unrolls_used} used + "
                      f"{s.unrolls_dropped} dropped; policy lag mean {s.mean_policy_lag:.2f}, "

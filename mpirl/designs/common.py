@@ -68,6 +68,13 @@ class Summary:
     bytes_per_env_step: float = math.nan    # every rank's bytes sent / env steps
     mean_inference_batch: float = math.nan  # seed/ga3c: observations per forward pass
     actor_env_share: float = math.nan       # actors' env-stepping seconds / their wall time
+    # apex: transitions travel, through prioritized replay ranks
+    transitions_sent: int = 0               # by actors (== inserted by the replays)
+    transitions_inserted: int = 0
+    replay_evicted: int = 0                 # FIFO evictions (inserted = stored + evicted)
+    transitions_sampled: int = 0            # handed to the learner
+    priority_updates: int = 0               # applied by the replays
+    priority_stale: int = 0                 # skipped: their slot was overwritten since
 
     def as_dict(self) -> dict:
         return asdict(self)

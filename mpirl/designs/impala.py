@@ -36,6 +36,7 @@ from ..config import Config
 from ..parts.actor import ModelPolicy
 from ..parts.unroll import META, M, UnrollLayout
 from ..resilience.guard import Guard
+from ..resilience.schedule import STEP, Schedule, ScheduleDiverged
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
@@ -185,6 +186,8 @@ class ImpalaLearner:
         self.logged = (0, 0)             # bytes sent and received up to the last row
         self.progress = Progress(run_dir, enabled=comm.Get_rank() == 0)
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
+        # which unroll was taken when: recorded, or enforced (--replay-schedule)
+        self.schedule = Schedule(run_dir, comm.Get_rank(), cfg.replay_schedule)
 
     @property
     def version(self) -> int:
@@ -197,22 +200,17 @@ class ImpalaLearner:
         return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
 
     def run(self) -> None:
-        timer, log, server = PhaseTimer(), self.log, self.server
+        timer, log = PhaseTimer(), self.log
         for a in self.actors:
             self._publish(a, timer, initial=True)
         with Guard(self.cfg, self.comm, self.comm.Get_rank()) as guard:
             log.begin()
             while not self.stopping:
                 guard.at(f"waiting for unrolls for update {self.version + 1}")
-                queued, records = len(self.queue), []
-                while not records:
-                    while len(self.queue) < self.batch:
-                        with timer("data_wait_s"):
-                            actor = server.wait_any(timeout_s=self.cfg.wait_timeout_s)
-                        self._take(actor, timer)
-                    for actor in server.ready():
-                        self._take(actor, timer)
-                    records = self.queue.take(self.batch, self.version)
+                queued = len(self.queue)
+                records = (self._replayed(timer) if self.schedule.replaying
+                           else self._gather(timer))
+                self.schedule.take(STEP, self.version)
                 losses = self.trainer.train(records, timer)
                 lags = self.queue.lags[-len(records):]
                 sent, received = self._bytes()
@@ -229,10 +227,36 @@ class ImpalaLearner:
         add_phases(self.phases, timer.take())
         self.progress.close()
 
+    def _gather(self, timer) -> list[np.ndarray]:
+        """Take unrolls as they arrive until a batch of fresh enough ones is queued."""
+        server, records = self.server, []
+        while not records:
+            while len(self.queue) < self.batch:
+                with timer("data_wait_s"):
+                    actor = server.wait_any(timeout_s=self.cfg.wait_timeout_s)
+                self._take(actor, timer)
+            for actor in server.ready():
+                self._take(actor, timer)
+            records = self.queue.take(self.batch, self.version)
+        return records
+
+    def _replayed(self, timer) -> list[np.ndarray]:
+        """The recorded run's unrolls up to its next step, taken in its order."""
+        while (actor := self.schedule.next()) != STEP:
+            with timer("data_wait_s"):
+                self.server.wait_any(timeout_s=self.cfg.wait_timeout_s, only=(actor,))
+            self._take(actor, timer)
+        records = self.queue.take(self.batch, self.version)
+        if not records:
+            raise ScheduleDiverged(f"update {self.version + 1}: the recorded run stepped "
+                                   "here, the replay holds no full batch")
+        return records
+
     def _take(self, actor: int, timer) -> None:
         """An unroll arrived: check and keep it, answer its actor."""
         record = self.layout.view(self.server.buffers[actor]).copy()   # the slot re-arms
         meta = record[0]["meta"]
+        self.schedule.take(actor, int(meta[M["version"]]))
         self.taken[actor] += 1
         if int(meta[M["index"]]) != self.taken[actor]:
             raise AccountingError(f"actor {actor} says this is its unroll {int(meta[M['index']])}"
@@ -297,6 +321,7 @@ class ImpalaLearner:
                          last=True)
         self.queue.drop_rest()
         server.close(timeout_s=self.cfg.wait_timeout_s)
+        self.schedule.save()
         # the last unrolls were stepped, though never learned from: count them, over
         # every learner's actors
         drained = np.asarray([self.env_steps - before], dtype=np.int64)

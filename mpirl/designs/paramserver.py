@@ -64,6 +64,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 from topologies.paramserver import TAG_PARAMS, TAG_SNAPSHOT, TAG_SNAPSHOT_STOP, ParameterServer
@@ -76,6 +77,7 @@ from ..parts.server import AsyncPolicy, QuorumPolicy
 from ..resilience import checkpoint
 from ..resilience.checkpoint import TrainingState
 from ..resilience.guard import Guard
+from ..resilience.schedule import Schedule
 from ..resilience.snapshot import PARAMS, SNAPSHOT, SNAPSHOT_STOP, Snapshots
 from ..resilience.stop import StopRequested
 from ..telemetry.progress import Progress
@@ -97,6 +99,9 @@ class AccountingError(RuntimeError):
 
 
 def run_async(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
+    if cfg.servers > 1:          # the same workers, their gradients over sharded servers
+        from .gorila import run_sharded
+        return run_sharded(cfg, comm, run_dir, dqn=False)
     return _run(cfg, comm, run_dir, lambda learner: AsyncPolicy())
 
 
@@ -187,6 +192,7 @@ class Worker:
         self.owed = np.zeros(3)     # env steps, episodes, return sum not yet reported
         self.replay = FifoReplay(capacity=1, reuse=cfg.update_repeat)   # the rollout in use
         self.stopped = False                  # ended by a stop snapshot (SIGTERM/SIGINT)
+        self.clip_norm = 0.0      # > 0: clip the gradient here (sharded servers do not)
         self.resumed = generation is not None
         self.saved = TrainingState(self, learner, actor, self.episodes)
         if self.resumed:
@@ -196,7 +202,7 @@ class Worker:
 
     def work(self) -> None:
         cfg, ps, learner, log = self.cfg, self.ps, self.learner, self.log
-        policy, timer, meta = ModelPolicy(learner.model), PhaseTimer(), np.zeros(len(META))
+        policy, timer, meta = ModelPolicy(learner.model), PhaseTimer(), np.zeros(ps.meta_len)
         alive = True
         with Guard(cfg, ps.comm, ps.rank) as guard:
             if not self.resumed:   # a resumed worker holds the parameters of its checkpoint
@@ -212,6 +218,8 @@ class Worker:
                 if not guard.check(self.pushes + self.skipped + 1, learner.grad):
                     self.skipped += 1     # not pushed; its env steps travel with the next push
                     continue
+                if self.clip_norm:
+                    torch.nn.utils.clip_grad_norm_([learner.flat.flat], self.clip_norm)
                 self._fill(meta, guard.stop_requested, busy_s=timer.total())
                 stats = ps.stats
                 sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
@@ -296,6 +304,30 @@ class ServerBook:
             self.recent_means[worker] = float(meta[_RECENT])
         return bool(meta[_STOP])
 
+    def report(self, progress: Progress, policy: AsyncPolicy, target_return: float,
+               judges: int) -> None:
+        """Check ``target_return`` (over ``judges`` workers' windows), write one progress
+        line, start a fresh window."""
+        self.solved = self.solved or reached_target(
+            target_return, list(self.recent_means.values()), judges)
+        recent = policy.staleness[-100:]
+        progress.report(update=policy.version, env_steps=self.env_steps,
+                        episodes=self.window[0], return_sum=self.window[1],
+                        comm_share=self.comm_share(),
+                        mean_staleness=float(np.mean(recent)) if recent else 0.0)
+        self.window = [0.0, 0.0]
+
+    def fill(self, summary: Summary, policy: AsyncPolicy, progress: Progress) -> None:
+        """The run's server-side figures (a sharded run: shard 0's)."""
+        summary.updates = policy.version
+        summary.env_steps = self.env_steps
+        summary.wall_s = progress.elapsed()
+        summary.gradients_applied = policy.applied
+        summary.gradients_dropped = policy.dropped
+        summary.mean_staleness = float(np.mean(policy.staleness)) if policy.staleness else 0.0
+        summary.comm_share = self.comm_share()
+        summary.reached_target = self.solved
+
     def comm_share(self) -> float:
         exchange = sum(e for e, _ in self.worker_time.values())
         busy = sum(b for _, b in self.worker_time.values())
@@ -336,6 +368,8 @@ class Server:
             _restore(self.saved, run_dir, ps.rank, generation, ps.size)
         self.log = RunLogger(cfg, ps.comm, run_dir, role="server",
                              resume_rows=self.book.rows if self.resumed else None)
+        # the order of the pushes taken: recorded, or enforced (--replay-schedule)
+        self.schedule = Schedule(run_dir, ps.rank, cfg.replay_schedule)
         self._apply_timer = PhaseTimer()   # serve() times the whole handling of a push
 
     def serve(self) -> None:
@@ -354,10 +388,13 @@ class Server:
                 stats = ps.stats
                 sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
                 applied, version = policy.applied, policy.version
+                scheduled = self.schedule.next()       # a replay: this worker's push next
                 with timer("exchange_s"):
-                    worker, buf, meta = ps.wait_push(timeout_s=self.cfg.wait_timeout_s,
-                                                     only=self.snaps.pending)
+                    worker, buf, meta = ps.wait_push(
+                        timeout_s=self.cfg.wait_timeout_s,
+                        only=self.snaps.pending if scheduled is None else (scheduled,))
                 computed_on = policy.sent_version[worker]
+                self.schedule.take(worker, computed_on)
                 if self.book.account(worker, meta) and not self.snaps.stop_requested:
                     self.snaps.request_stop(self.active, self.stopping)  # its reply is flagged
                 with timer("optimizer_s"):
@@ -372,6 +409,7 @@ class Server:
                     self._close_snapshot()
                 guard.beat(policy.version, "waiting for pushes")
         ps.close(timeout_s=self.cfg.wait_timeout_s)
+        self.schedule.save()
         if not self.stopped:
             self._report()
         self.progress.close()
@@ -439,25 +477,10 @@ class Server:
         self.stopped = self.snaps.close(save, self.active, self.stopping)
 
     def _report(self) -> None:
-        book = self.book
-        book.solved = book.solved or reached_target(
-            self.cfg.target_return, list(book.recent_means.values()), len(self.ps.workers))
-        recent = self.policy.staleness[-100:]
-        self.progress.report(update=self.policy.version, env_steps=book.env_steps,
-                             episodes=book.window[0], return_sum=book.window[1],
-                             comm_share=book.comm_share(),
-                             mean_staleness=float(np.mean(recent)) if recent else 0.0)
-        book.window = [0.0, 0.0]
+        self.book.report(self.progress, self.policy, self.cfg.target_return,
+                         len(self.ps.workers))
 
     def fill(self, summary: Summary) -> None:
-        policy = self.policy
-        summary.updates = policy.version
-        summary.env_steps = self.book.env_steps
-        summary.wall_s = self.progress.elapsed()
-        summary.gradients_applied = policy.applied
-        summary.gradients_dropped = policy.dropped
-        summary.mean_staleness = float(np.mean(policy.staleness)) if policy.staleness else 0.0
-        summary.comm_share = self.book.comm_share()
+        self.book.fill(summary, self.policy, self.progress)
         summary.param_digest = self.learner.param_digest()
-        summary.reached_target = self.book.solved
         summary.snapshots, summary.snapshot_s = self.snaps.taken, self.snaps.seconds

@@ -123,3 +123,30 @@ class QuorumPolicy(AsyncPolicy):
         super().stepped()
         self.acc[:] = 0.0
         self.in_acc = self.fresh = 0
+
+
+class ShardOptimizer:
+    """The optimizer of one parameter shard (a sharded server's, Gorila): Adam (or plain
+    SGD) over ``params``, a flat float32 view into the server's parameter buffer, with
+    a pushed gradient shard used in place.  No clipping here: a gradient is clipped by
+    its global norm where it is whole, on the worker, before it is split.
+
+    Adam and SGD act element by element, so S shards stepped on the slices of the same
+    gradients end bit-identical to one unsharded optimizer (a test checks it)."""
+
+    def __init__(self, params: np.ndarray, lr: float, kind: str = "adam") -> None:
+        if kind not in ("adam", "sgd"):
+            raise ValueError(f"kind={kind!r}; allowed: adam, sgd")
+        self.tensor = torch.nn.Parameter(torch.from_numpy(params), requires_grad=False)
+        opt = torch.optim.Adam if kind == "adam" else torch.optim.SGD
+        self.opt = opt([self.tensor], lr=lr)
+
+    def step(self, grad: np.ndarray) -> None:
+        self.tensor.grad = torch.from_numpy(grad)
+        try:
+            self.opt.step()
+        finally:
+            self.tensor.grad = None
+
+    def state(self) -> dict:
+        return self.opt.state_dict()

@@ -9,12 +9,16 @@ import pandas as pd
 
 TOPOLOGY_COLORS = {"native": "#444444", "star": "#d62728", "tree": "#2ca02c",
                    "butterfly": "#1f77b4", "ring": "#9467bd"}
-MODE_STYLES = {"sync": "-", "async": "--", "quorum": ":"}
+MODE_STYLES = {"sync": "-", "async": "--", "quorum": ":", "gorila": "-."}
+
+
+#: sharded parameter servers (``mpirl.simulate``'s "S shards"): darker with more shards
+SHARD_COLORS = {"2 shards": "#9edae5", "4 shards": "#17becf", "16 shards": "#0b5f6b"}
 
 
 def color(topology: str) -> str:
     """A topology's colour (one for any topology not in the palette)."""
-    return TOPOLOGY_COLORS.get(topology, "#17becf")
+    return TOPOLOGY_COLORS.get(topology) or SHARD_COLORS.get(topology, "#17becf")
 
 
 # -- predicted scaling (python -m mpirl.simulate) ----------------------------------------------

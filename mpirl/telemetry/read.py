@@ -106,8 +106,10 @@ class Run:
     @property
     def label(self) -> str:
         """``topology/mode``; the actor-learner designs by mode alone (their topology
-        only serves impala's several learners)."""
-        mode = self.config["mode"]
+        only serves impala's several learners), the sharded servers with their count."""
+        mode, servers = self.config["mode"], self.config.get("servers", 1)
+        if mode == "gorila" or (mode == "async" and servers > 1):
+            return f"{mode} {servers} servers" if servers > 1 else mode
         if mode in ACTOR_LEARNER_MODES:
             learners = self.config.get("learners", 1)
             return mode if learners == 1 else f"{mode} x{learners} {self.config['topology']}"

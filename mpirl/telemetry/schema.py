@@ -17,7 +17,7 @@ Layout of a run directory:
 
 ``rankNNNN.h5`` (written by rank NNNN alone; no traffic between ranks)
     attrs: ``rank``, ``hostname``, ``role`` (``worker``, ``server``, ``actor``,
-    ``learner``, ``predictor``), ``start_unix_s``,
+    ``learner``, ``predictor``, ``replay``), ``start_unix_s``,
     ``schema``.
     ``updates``: one row per update this rank took part in (:data:`UPDATE_DTYPE`).
     ``episodes``: one row per finished episode (:data:`EPISODE_DTYPE`).
@@ -34,14 +34,16 @@ Schema history: 2 added ``exchange_t_s``, ``wait_s`` and ``other_s``; 3 the
 ``failures`` table; 4 the losses of every update (``policy_loss``, ``value_loss``,
 ``entropy``, ``approx_kl``), the fill values, and files that a crash leaves readable by
 any HDF5 reader (:mod:`mpirl.telemetry.h5log`); 5 the actor-learner designs' phases by
-role and their lag, queue, batch and round-trip columns.
+role and their lag, queue, batch and round-trip columns; 6 the replay designs (apex,
+gorila): the ``replay`` role, its ``replay_s`` phase, and the ``inserted``, ``sampled``,
+``prio_updates`` and ``replay_size`` columns.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: the oldest schema the readers still read (older files lack some columns: NaN or -1)
 OLDEST_READABLE = 1
 
@@ -91,19 +93,26 @@ UPDATE_DTYPE = np.dtype([
     ("queue_len", "i8"),       # learner: unrolls waiting when the update began
     ("batch_size", "f8"),      # inference: mean observations per forward pass
     ("rtt_s", "f8"),           # seed/ga3c actor: mean round trip of a step's request
+    # schema 6: the replay designs (apex, gorila)
+    ("replay_s", "f8"),        # replay rank: inserting, sampling, updating priorities
+    ("inserted", "i8"),        # replay rank, gorila worker: transitions inserted
+    ("sampled", "i8"),         # transitions sampled (replay rank; learner: its batch)
+    ("prio_updates", "i8"),    # priorities set (replay rank: applied; learner: sent)
+    ("replay_size", "i8"),     # transitions stored after the row
 ])
 PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optimizer_s",
           "infer_wait_s", "send_s", "param_wait_s", "batch_wait_s", "reply_s",
-          "data_wait_s", "publish_s", "other_s")
+          "data_wait_s", "publish_s", "replay_s", "other_s")
 #: the roles of ranks that step environments (their rows carry env steps and episodes)
 EXPERIENCE_ROLES = ("worker", "actor")
 #: the designs whose unrolls carry a parameter version (policy_lag.npy, lag columns)
-ACTOR_LEARNER_MODES = ("impala", "seed", "ga3c")
+ACTOR_LEARNER_MODES = ("impala", "seed", "ga3c", "apex")
 #: what an update row holds where its writer gives no value (0 for every other field)
 UPDATE_UNSET = {"param_version": -1, "staleness": -1, "exchange_t_s": np.nan,
                 "wait_s": np.nan, "policy_loss": np.nan, "value_loss": np.nan,
                 "entropy": np.nan, "approx_kl": np.nan, "policy_lag": np.nan,
-                "policy_lag_max": -1, "queue_len": -1, "batch_size": np.nan, "rtt_s": np.nan}
+                "policy_lag_max": -1, "queue_len": -1, "batch_size": np.nan, "rtt_s": np.nan,
+                "inserted": -1, "sampled": -1, "prio_updates": -1, "replay_size": -1}
 #: the loss columns, in the order :func:`mpirl.parts.learner.losses.actor_critic_loss`
 #: reports them
 LOSSES = ("policy_loss", "value_loss", "entropy", "approx_kl")

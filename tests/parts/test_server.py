@@ -212,3 +212,36 @@ def test_state_round_trip_continues_identically(make):
     np.testing.assert_array_equal(np.array(server.steps[-len(other.steps):]),
                                   np.array(other.steps))
     assert a.staleness == b.staleness and a.version == b.version
+
+
+# -- ShardOptimizer: one parameter shard's optimizer (gorila) ---------------------------------
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.parametrize("shards", [2, 3, 7])
+def test_shards_stepped_on_slices_end_identical_to_one_optimizer(kind, shards):
+    from mpirl.parts.server import ShardOptimizer
+
+    rng = np.random.default_rng(3)
+    start = rng.standard_normal(1001).astype(np.float32)
+    pushes = [rng.standard_normal(1001).astype(np.float32) for _ in range(30)]
+    whole = start.copy()
+    one = ShardOptimizer(whole, lr=1e-2, kind=kind)
+    split = start.copy()
+    edges = np.linspace(0, 1001, shards + 1).round().astype(int)
+    parts = [ShardOptimizer(split[lo:hi], lr=1e-2, kind=kind)
+             for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    for grad in pushes:
+        one.step(grad)
+        for opt, lo, hi in zip(parts, edges[:-1], edges[1:], strict=True):
+            opt.step(grad[lo:hi])
+    assert not np.array_equal(whole, start)              # the steps moved the parameters
+    assert whole.tobytes() == split.tobytes()            # bit for bit
+
+
+def test_a_shard_optimizer_steps_its_view_in_place_and_refuses_unknown_kinds():
+    from mpirl.parts.server import ShardOptimizer
+
+    buf = np.zeros(10, dtype=np.float32)
+    ShardOptimizer(buf[2:5], lr=0.5, kind="sgd").step(np.ones(3, dtype=np.float32))
+    assert buf.tolist() == [0, 0, -0.5, -0.5, -0.5, 0, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="kind='rmsprop'; allowed: adam, sgd"):
+        ShardOptimizer(buf, lr=0.1, kind="rmsprop")

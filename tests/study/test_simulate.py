@@ -50,6 +50,23 @@ def test_the_server_saturates_as_workers_grow():
     assert rates[2] == pytest.approx(1 / per_push, rel=0.05)
 
 
+def test_sharded_servers_divide_the_bottleneck():
+    """Gorila's answer to the star's weakness: S shard servers, n / S bytes each."""
+    params = Params(alpha=1e-5, beta=1e-9, gamma=1e-9, delta=0.0)
+    one, four = (simulate(params, "star", "async", 512, 1e6, Compute(mean_s=0.01), 100,
+                          servers=s) for s in (1, 4))
+    per_push = 2 * (1e-5 + 1e6 * 1e-9) + 4 * 1e6 * 1e-9
+    assert one.updates_per_s == pytest.approx(1 / per_push, rel=0.05)
+    shard = 2 * (1e-5 + 0.25e6 * 1e-9) + 4 * 0.25e6 * 1e-9
+    assert four.updates_per_s == pytest.approx(1 / shard, rel=0.05)
+    assert four.topology == "4 shards" and four.updates_per_s > 3.5 * one.updates_per_s
+
+
+def test_designs_it_does_not_model_are_refused():
+    with pytest.raises(ValueError, match="mode='apex' is not simulated"):
+        simulate(FREE, "butterfly", "apex", 4, 1e6, Compute(mean_s=0.01), 100)
+
+
 def test_simulate_command_predicts_to_4096_and_validates_against_runs(tiny_sweep, bench_file,
                                                                      tmp_path):
     fitted = tmp_path / "cm"

@@ -17,7 +17,9 @@ Per-step cost (``info["sim_s"]`` reports what each step really took):
 The task is small but learnable, so learning curves mean something: observations follow
 a random walk; a continuous action in ``[0, 1]^act_dim`` is rewarded for tracking
 ``(1 + tanh(obs))/2`` of the matching observation entries (reward in ``[-1, 0]``).
-Episodes are truncated after ``episode_steps`` steps and never terminate.
+Episodes are truncated after ``episode_steps`` steps and never terminate.  With
+``actions=K`` (K >= 2) the action space is ``Discrete(K)`` instead, for the value-based
+designs (apex, gorila): action ``a`` sets every entry to ``a / (K - 1)``.
 Draws (observations and costs) come from the env's own seeded generator.
 """
 
@@ -43,6 +45,7 @@ KWARGS = {
     "tail": (float, lambda v: 0.05 <= v <= 20.0, "a number in [0.05, 20]"),
     "busy": (str, lambda v: v in BUSY, "one of " + ", ".join(BUSY)),
     "episode_steps": (int, lambda v: v >= 1, "an int >= 1"),
+    "actions": (int, lambda v: v == 0 or 2 <= v <= 1000, "0 (continuous) or an int in 2..1000"),
 }
 
 
@@ -51,7 +54,7 @@ class DelayEnv(gymnasium.Env):
 
     def __init__(self, obs_dim: int = 41, act_dim: int = 18, cost_s: float = 0.01,
                  dist: str = "fixed", tail: float = 0.5, busy: str = "sleep",
-                 episode_steps: int = 1000) -> None:
+                 episode_steps: int = 1000, actions: int = 0) -> None:
         if dist not in DISTRIBUTIONS:
             raise ValueError(f"dist={dist!r}; allowed: {', '.join(DISTRIBUTIONS)}")
         if busy not in BUSY:
@@ -60,7 +63,12 @@ class DelayEnv(gymnasium.Env):
         self.cost_s, self.dist, self.tail, self.busy = cost_s, dist, tail, busy
         self.episode_steps = episode_steps
         self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
-        self.action_space = gymnasium.spaces.Box(0.0, 1.0, (act_dim,), np.float32)
+        self.levels = None
+        if actions:            # discrete: action a sets every entry to a / (actions - 1)
+            self.action_space = gymnasium.spaces.Discrete(actions)
+            self.levels = np.linspace(0.0, 1.0, actions, dtype=np.float32)
+        else:
+            self.action_space = gymnasium.spaces.Box(0.0, 1.0, (act_dim,), np.float32)
         self._track = np.arange(act_dim) % obs_dim     # the entry each action tracks
         self._obs = np.zeros(obs_dim, dtype=np.float32)
         self._t = 0
@@ -90,6 +98,8 @@ class DelayEnv(gymnasium.Env):
             else:
                 while time.perf_counter() - start < cost:
                     pass
+        if self.levels is not None:
+            action = np.full(self.act_dim, self.levels[int(action)], dtype=np.float32)
         target = 0.5 * (1.0 + np.tanh(self._obs[self._track]))
         reward = -float(np.mean((np.clip(action, 0.0, 1.0) - target) ** 2))
         noise = self.np_random.standard_normal(self.obs_dim).astype(np.float32)

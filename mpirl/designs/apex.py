@@ -1,0 +1,600 @@
+"""apex (Ape-X): actors ship prioritized n-step transitions to replay ranks; one learner
+samples them by priority, trains an n-step double DQN and sends priorities back.
+
+Wiring: rank 0 is the learner (a :class:`~mpirl.parts.learner.dqn.DqnLearner`, no env),
+ranks ``1..R`` (``--replay-ranks R``) are replay ranks, each a
+:class:`~mpirl.parts.replay.PrioritizedReplay` of ``--replay-capacity / R`` transitions
+served over MPI; every other rank is an actor.  ``--target-return`` is judged on the
+greediest actor's last 20 episodes (the last one, epsilon ``eps ** (1 + alpha)``): the
+others explore by design, an epsilon of 0.4 keeps any policy's returns low.  Actor
+``a`` sends to replay ``1 + (a - R - 1) mod R`` (transitions sharded by actor), and
+acts epsilon-greedily with the paper's epsilon ``eps ** (1 + alpha * i / (N - 1))``
+for actor ``i`` of ``N``.
+
+What travels (:mod:`mpirl.parts.transitions`; each message one contiguous record):
+
+* actor -> replay: a block of ``rollout_steps x num_envs`` n-step transitions with
+  the actor's initial priorities (|n-step TD error| on its own copy of the network);
+  the replay answers with a short acknowledgement, so an actor has one block in flight;
+* actor -> learner, every ``--actor-refresh-steps`` env steps: a parameter request
+  carrying the env steps, episodes and returns since the last one; the reply is the
+  learner's parameters (taken at the actor's next refresh point: one in flight);
+* learner <-> replay: a sample request (the previous batch's new priorities, the beta
+  to weight with) and its reply, a batch of ``--replay-batch`` transitions with their
+  slots, stamps and importance-sampling weights.  The learner keeps one request in
+  flight per replay rank and sends the next as soon as a batch arrives, before it
+  trains on it (prefetching; priorities reach the replay one batch late).
+
+A replay rank holds the learner's request until it may answer: once it stores
+``--learning-starts / R`` transitions (and a batch), and, with ``--train-intensity
+k``, only while it has sampled at most ``k`` times what it inserted.  Once every one of
+its actors has left it answers at once (with what it has, or nothing).
+
+Accounting, checked at the end: transitions the actors sent = inserted by the replays
+= stored + evicted; every sampled slot was valid when sampled (the replay samples only
+from stored slots); priority updates sent = applied + stale (their slot overwritten).
+Shutdown: the learner answers each actor's next parameter request with STOP; the actor
+then sends a last, empty block to its replay, which answers STOP; then the learner
+takes its prefetched batches and sends each replay a last request.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from topologies.channels import PAUSE_S, ChannelClient, ChannelServer, as_bytes
+from topologies.paramserver import DeadlineExceeded
+
+from ..config import Config
+from ..parts.actor import Actor
+from ..parts.envs import make_envs
+from ..parts.learner.dqn import DqnLearner, EpsilonGreedy, apex_epsilon, nstep_transitions
+from ..parts.replay import PrioritizedReplay, beta_at
+from ..parts.transitions import B, R, S, TransitionLayout, as_batch, fill
+from ..resilience.guard import Guard
+from ..telemetry.progress import Progress
+from ..telemetry.runlog import RunLogger
+from ..telemetry.timing import PhaseTimer, add_phases
+from .actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, lag_stats,
+                           meta_nbytes, params_reply, report, settle)
+from .common import Episodes, Summary, check_same_model, final_mean_return, reached_target
+
+TAG_SAMPLE = 66      # learner -> replay requests (actors' blocks use the channel default)
+REQUEST_META = ("index", "env_steps", "episodes", "return_sum", "recent_mean", "stop")
+Q = {name: i for i, name in enumerate(REQUEST_META)}
+
+
+def build_dqn(cfg: Config, rank: int, *, with_actor: bool):
+    """This rank's DQN learner (the same initial network everywhere) and its actor."""
+    env_seed = cfg.seed + 10000 * rank
+    envs = make_envs(cfg.env, cfg.num_envs, env_seed, cfg.action_repeat, cfg.env_kwargs())
+    learner = DqnLearner(cfg, envs.single_observation_space, envs.single_action_space)
+    if not with_actor:
+        envs.close()
+        return learner, None
+    return learner, Actor(envs, env_seed, slowdown=cfg.slowdown_of(rank))
+
+
+def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
+    rank, size, shards = comm.Get_rank(), comm.Get_size(), cfg.replay_ranks
+    first_actor = 1 + shards
+    learner, actor = build_dqn(cfg, rank, with_actor=rank >= first_actor)
+    check_same_model(comm, learner)
+    layout = TransitionLayout(learner.obs_space.shape, cfg.rollout_steps * cfg.num_envs,
+                              cfg.replay_batch)
+    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
+                      gradient_bytes=learner.grad.nbytes)
+    actors = list(range(first_actor, size))
+    if rank == 0:
+        part = ApexLearner(cfg, comm, learner, layout, actors, run_dir)
+    elif rank < first_actor:
+        part = ReplayRank(cfg, comm, layout,
+                          [a for a in actors if 1 + (a - first_actor) % shards == rank], run_dir)
+    else:
+        index = rank - first_actor
+        part = ApexActor(cfg, comm, learner, actor, layout,
+                         replay=1 + index % shards, index=index, run_dir=run_dir)
+    part.run()
+    counts = comm.allreduce(np.asarray(part.counts(), dtype=np.int64), op=MPI.SUM)
+    check_counts(*counts)
+    summary.env_steps = int(counts[5])
+    summary.final_mean_return = final_mean_return(
+        comm, part.episodes if isinstance(part, ApexActor) else None)
+    if rank == 0:            # the learner: the lag of every transition it trained on
+        part.fill(summary)
+        summary.mean_policy_lag, summary.p95_policy_lag = lag_stats(part.lags)
+        np.save(run_dir / "policy_lag.npy", np.asarray(part.lags, dtype=np.int64))
+    summary.transitions_sent, summary.transitions_inserted = int(counts[0]), int(counts[1])
+    summary.replay_evicted, summary.transitions_sampled = int(counts[3]), int(counts[4])
+    summary.priority_updates, summary.priority_stale = int(counts[7]), int(counts[8])
+    settle(summary, comm, unrolls=(0, 0, 0), requests=(0, 0, 0, 0),
+           bytes_sent=part.bytes_sent(), env_s=part.phases.get("env_s", 0.0),
+           wall_s=sum(part.phases.values()), is_actor=isinstance(part, ApexActor))
+    part.log.close(summary.totals())
+    return summary
+
+
+#: what :meth:`counts` returns on every rank (summed over ranks)
+COUNTS = ("sent", "inserted", "stored", "evicted", "sampled", "env_steps", "prio_sent",
+          "prio_applied", "prio_stale", "invalid")
+
+
+def check_counts(sent, inserted, stored, evicted, sampled, env_steps, prio_sent, prio_applied,
+                 prio_stale, invalid) -> None:
+    """The run's transition and priority accounting (summed over ranks)."""
+    if not sent == inserted == stored + evicted:
+        raise AccountingError(f"actors sent {sent} transitions, the replays inserted "
+                              f"{inserted}, which are {stored} stored + {evicted} evicted")
+    if prio_sent != prio_applied + prio_stale:
+        raise AccountingError(f"the learner sent {prio_sent} priorities, the replays "
+                              f"applied {prio_applied} and skipped {prio_stale} as stale")
+    if invalid:
+        raise AccountingError(f"{invalid} sampled slots held no stored transition")
+
+
+class ApexActor:
+    """Roll out epsilon-greedily, turn the rollout into prioritized n-step transitions,
+    ship them to the replay; refresh the parameters every ``--actor-refresh-steps``."""
+
+    def __init__(self, cfg: Config, comm: MPI.Comm, learner: DqnLearner, actor: Actor,
+                 layout: TransitionLayout, replay: int, index: int, run_dir: Path) -> None:
+        self.cfg, self.comm, self.learner, self.actor, self.layout = (cfg, comm, learner,
+                                                                      actor, layout)
+        n_actors = comm.Get_size() - 1 - cfg.replay_ranks
+        self.epsilon = apex_epsilon(index, n_actors, cfg.apex_eps, cfg.apex_eps_alpha)
+        self.greediest = index == n_actors - 1      # its returns judge --target-return
+        generator = torch.Generator().manual_seed(cfg.seed + 10000 * comm.Get_rank() + 1)
+        self.policy = EpsilonGreedy(learner.model, self.epsilon, generator)
+        self.to_replay = ChannelClient(comm, replay)
+        self.to_learner = ChannelClient(comm, 0)
+        self.blocks = [layout.empty("block"), layout.empty("block")]  # filling, in flight
+        self.request = np.zeros(1, dtype=[("meta", "f8", (len(REQUEST_META),))])
+        self.reply = params_reply(learner.params.size)
+        self.ack = np.zeros(1, dtype=np.float64)
+        self.episodes = Episodes()
+        self.owed = np.zeros(3)           # env steps, episodes, return sum since a request
+        self.sent = self.transitions = self.env_steps = self.requests = 0
+        self.version = -1
+        self.logged = (0, 0)
+        self.phases: dict[str, float] = {}
+        self.log = RunLogger(cfg, comm, run_dir, role="actor")
+
+    def run(self) -> None:
+        cfg, timer = self.cfg, PhaseTimer()
+        every = max(1, math.ceil(cfg.actor_refresh_steps / cfg.steps_per_batch))
+        with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
+            self._take_params(timer)                  # the learner's first parameters
+            self.log.begin()
+            alive = True
+            while alive:
+                guard.at(f"collecting block {self.sent + 1}")
+                rollout = self.actor.collect(self.policy, cfg.rollout_steps, timer)
+                self._ship(rollout, timer)
+                if self.sent % every == 0:
+                    alive = self._refresh(timer, guard.stop_requested)
+                sent, received = self._bytes()
+                add_phases(self.phases, self.log.record(
+                    self.sent, timer, env_steps=cfg.steps_per_batch, param_version=self.version,
+                    bytes_sent=sent - self.logged[0], bytes_recv=received - self.logged[1],
+                    inserted=self.layout.block_size))
+                self.logged = (sent, received)
+                guard.beat(self.sent, "between blocks")
+            self._leave(timer)
+        add_phases(self.phases, timer.take())
+
+    def _ship(self, rollout, timer) -> None:
+        """The rollout as n-step transitions with initial priorities, sent as one block
+        (after the replay acknowledged the previous one)."""
+        cfg, actor = self.cfg, self.actor
+        with timer("backward_s"):
+            rewards = rollout.rewards + cfg.gamma * rollout.boot
+            trans = nstep_transitions(rollout.obs, rollout.actions, rewards, rollout.dones,
+                                      actor.obs, cfg.n_step, cfg.gamma)
+            prios = self.learner.initial_priorities(trans["obs"], trans["action"], trans["ret"],
+                                                    trans["disc"], trans["next_obs"])
+        finished = actor.drain_episodes()
+        self.episodes.add(finished)
+        self.log.episodes(self.sent + 1, finished)
+        self.log.sim_times(self.sent + 1, actor.drain_sim_times())
+        self.owed += (cfg.steps_per_batch, len(finished), sum(r for r, _ in finished))
+        self.env_steps += cfg.steps_per_batch
+        block = self.blocks[self.sent % 2]
+        count = fill(block[0]["trans"], trans, prios, self.version)
+        self._wait_ack(timer)
+        self._send_block(block, count, last=False)
+
+    def _send_block(self, block: np.ndarray, count: int, last: bool) -> None:
+        meta = block[0]["meta"]
+        meta[:] = 0.0
+        meta[B["index"]], meta[B["count"]] = self.sent + 1, count
+        meta[B["last"]], meta[B["version"]] = float(last), self.version
+        self.to_replay.send(block)
+        self.sent += 1
+        self.transitions += count
+
+    def _wait_ack(self, timer) -> int:
+        if not self.to_replay.in_flight:
+            return TAG_KEEP
+        with timer("send_s"):
+            tag, _ = self.to_replay.wait_reply(self.ack, timeout_s=self.cfg.wait_timeout_s)
+        return tag
+
+    def _refresh(self, timer, stop: bool) -> bool:
+        """Take the reply to the last parameter request, send the next; False on STOP."""
+        if self.to_learner.in_flight and not self._take_params(timer):
+            return False
+        meta = self.request[0]["meta"]
+        recent = self.episodes.recent_mean()
+        self.requests += 1
+        meta[:] = (self.requests, *self.owed,
+                   np.nan if recent is None or not self.greediest else recent, stop)
+        self.owed[:] = 0.0
+        self.to_learner.send(self.request)
+        return True
+
+    def _take_params(self, timer) -> bool:
+        with timer("param_wait_s"):
+            tag, _ = self.to_learner.wait_reply(self.reply, timeout_s=self.cfg.wait_timeout_s)
+        if tag == TAG_STOP:
+            return False
+        if tag != TAG_PARAMS:
+            raise AccountingError(f"rank {self.comm.Get_rank()}: unexpected reply tag {tag}")
+        self.learner.params[:] = self.reply[0]["params"]
+        self.version = int(self.reply[0]["meta"][0])
+        return True
+
+    def _leave(self, timer) -> None:
+        """The learner said STOP: the last (empty) block tells the replay this actor
+        is gone; its STOP answers it."""
+        self._wait_ack(timer)
+        self._send_block(self.blocks[self.sent % 2], 0, last=True)
+        self.sent -= 1                       # the empty block is no block of data
+        if self._wait_ack(timer) != TAG_STOP:
+            raise AccountingError(f"rank {self.comm.Get_rank()}: the replay did not answer "
+                                  "the last block with STOP")
+
+    def counts(self) -> list[int]:
+        return [self.transitions, 0, 0, 0, 0, self.env_steps, 0, 0, 0, 0]
+
+    def _bytes(self) -> tuple[int, int]:
+        stats = self.to_replay.stats, self.to_learner.stats
+        return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
+
+    def bytes_sent(self) -> int:
+        return self._bytes()[0]
+
+
+class ReplayRank:
+    """A replay shard as an MPI service: blocks in from its actors, batches out to the
+    learner, priorities back; one row per batch served."""
+
+    def __init__(self, cfg: Config, comm: MPI.Comm, layout: TransitionLayout,
+                 actors: list[int], run_dir: Path) -> None:
+        self.cfg, self.comm, self.layout = cfg, comm, layout
+        self.replay = PrioritizedReplay(cfg.replay_capacity // cfg.replay_ranks,
+                                        layout.transition, alpha=cfg.replay_alpha,
+                                        eps=cfg.replay_eps)
+        self.warmup = max(cfg.replay_batch, math.ceil(cfg.learning_starts / cfg.replay_ranks))
+        self.blocks = ChannelServer(comm, actors, layout.nbytes("block"))
+        self.samples = ChannelServer(comm, [0], layout.nbytes("request"), tag=TAG_SAMPLE)
+        self.ack = np.zeros(1, dtype=np.float64)
+        self.out = layout.empty("reply")
+        self.rng = np.random.default_rng(cfg.seed + 10000 * comm.Get_rank())
+        self.actors, self.learner_live, self.held = set(actors), True, False
+        self.beta = cfg.replay_beta
+        self.taken = {a: 0 for a in actors}
+        self.served = self.invalid = 0
+        self.row = np.zeros(3, dtype=np.int64)     # inserted, sampled, priorities since a row
+        self.logged = (0, 0)
+        self.phases: dict[str, float] = {}
+        self.log = RunLogger(cfg, comm, run_dir, role="replay")
+
+    def run(self) -> None:
+        timer, cfg = PhaseTimer(), self.cfg
+        with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
+            self.log.begin()
+            quiet_since, pause = time.monotonic(), 0.0
+            while self.actors or self.learner_live:
+                guard.at(f"serving batch {self.served + 1}")
+                if self._serve(timer):
+                    quiet_since, pause = time.monotonic(), 0.0
+                    guard.beat(self.served, "serving")
+                    continue
+                if time.monotonic() - quiet_since > cfg.wait_timeout_s:
+                    raise DeadlineExceeded(
+                        f"replay rank {self.comm.Get_rank()}: no block from ranks "
+                        f"{sorted(self.actors)} and no request from the learner within "
+                        f"{cfg.wait_timeout_s:g} s")
+                with timer("data_wait_s"):
+                    time.sleep(pause)
+                pause = min(PAUSE_S, pause * 2 or 1e-5)
+            self._record(timer)
+            self.blocks.close(timeout_s=cfg.wait_timeout_s)
+            self.samples.close(timeout_s=cfg.wait_timeout_s)
+        add_phases(self.phases, timer.take())
+
+    def _serve(self, timer) -> bool:
+        """Take what has arrived; answer the learner if it may be answered now."""
+        busy = False
+        for actor in self.blocks.ready():
+            with timer("replay_s"):
+                self._insert(actor)
+            busy = True
+        for _ in self.samples.ready():
+            with timer("replay_s"):
+                self._request()
+            busy = True
+        if self.held and self._may_sample():
+            with timer("replay_s"):
+                self._answer()
+            self._record(timer)
+            busy = True
+        return busy
+
+    def _insert(self, actor: int) -> None:
+        block = self.blocks.buffers[actor].view(self.layout.block)
+        meta = block[0]["meta"]
+        self.taken[actor] += 1
+        if int(meta[B["index"]]) != self.taken[actor]:
+            raise AccountingError(f"actor {actor} says this is its block {int(meta[B['index']])}"
+                                  f", but it is the {self.taken[actor]}th this replay took")
+        count = int(meta[B["count"]])
+        if count:
+            trans = block[0]["trans"][:count]
+            self.replay.add(trans, trans["prio"])
+            self.row[0] += count
+        last = bool(meta[B["last"]])
+        self.ack[0] = len(self.replay)
+        self.blocks.reply(actor, self.ack, tag=TAG_STOP if last else TAG_KEEP, last=last)
+        if last:
+            self.actors.discard(actor)
+
+    def _request(self) -> None:
+        """The learner's request: the previous batch's priorities, then hold it (or, the
+        last one, answer STOP)."""
+        req = self.samples.buffers[0].view(self.layout.request)[0]
+        updates = int(req["meta"][S["updates"]])
+        if updates:
+            stale = self.replay.update_priorities(req["idx"][:updates], req["stamp"][:updates],
+                                                  req["prio"][:updates])
+            self.row[2] += updates - stale
+        if req["meta"][S["last"]]:
+            self.samples.reply(0, self.ack, tag=TAG_STOP, last=True)
+            self.learner_live = False
+        else:
+            self.held, self.beta = True, float(req["meta"][S["beta"]])
+
+    def _may_sample(self) -> bool:
+        replay, cfg = self.replay, self.cfg
+        if not self.actors:                # nobody inserts any more: answer at once
+            return True
+        if len(replay) < self.warmup:
+            return False
+        return not cfg.train_intensity or \
+            replay.sampled + cfg.replay_batch <= cfg.train_intensity * replay.inserted
+
+    def _answer(self) -> None:
+        out, replay, n = self.out[0], self.replay, self.cfg.replay_batch
+        count = n if len(replay) >= n else 0
+        if count:
+            idx, stamps, weights = replay.sample(n, self.rng, self.beta, out=out["trans"])
+            # every sampled slot holds a stored transition (never an empty slot)
+            self.invalid += int(np.count_nonzero(replay.stamp[idx] < 0))
+            out["idx"], out["stamp"], out["weight"] = idx, stamps, weights
+            self.row[1] += n
+        out["meta"][:] = (count, replay.inserted, len(replay), replay.evicted, replay.sampled)
+        self.samples.reply(0, self.out, tag=TAG_KEEP)
+        self.held = False
+        self.served += 1
+
+    def _record(self, timer) -> None:
+        sent, received = self._bytes()
+        add_phases(self.phases, self.log.record(
+            self.served, timer, bytes_sent=sent - self.logged[0],
+            bytes_recv=received - self.logged[1], inserted=int(self.row[0]),
+            sampled=int(self.row[1]), prio_updates=int(self.row[2]),
+            replay_size=len(self.replay)))
+        self.logged = (sent, received)
+        self.row[:] = 0
+
+    def _bytes(self) -> tuple[int, int]:
+        stats = self.blocks.stats, self.samples.stats
+        return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
+
+    def counts(self) -> list[int]:
+        r = self.replay
+        return [0, r.inserted, len(r), r.evicted, r.sampled, 0, 0, r.updated, r.stale_updates,
+                self.invalid]
+
+    def bytes_sent(self) -> int:
+        return self._bytes()[0]
+
+
+class ApexLearner:
+    """Sample prefetched batches from the replays, train, send the priorities back;
+    answer the actors' parameter requests meanwhile."""
+
+    def __init__(self, cfg: Config, comm: MPI.Comm, learner: DqnLearner,
+                 layout: TransitionLayout, actors: list[int], run_dir: Path) -> None:
+        self.cfg, self.comm, self.learner, self.layout = cfg, comm, learner, layout
+        self.shards = list(range(1, 1 + cfg.replay_ranks))
+        self.clients = {s: ChannelClient(comm, s, tag=TAG_SAMPLE) for s in self.shards}
+        self.requests = {s: layout.empty("request") for s in self.shards}
+        self.batches = {s: layout.empty("reply") for s in self.shards}
+        self.pending: dict[int, tuple] = {}       # shard -> priorities not yet sent
+        self.params = ChannelServer(comm, actors, 8 * len(REQUEST_META))
+        self.reply = params_reply(learner.params.size)
+        self.taken = {a: 0 for a in actors}
+        self.version = self.env_steps = self.prio_sent = 0
+        self.window = [0.0, 0.0]
+        self.recent: dict[int, float] = {}
+        self.stopping = self.solved = self.signalled = False
+        self.lags: list[int] = []
+        self.logged = (0, 0)
+        self.phases: dict[str, float] = {}
+        self.progress = Progress(run_dir, enabled=True)
+        self.log = RunLogger(cfg, comm, run_dir, role="learner")
+
+    def run(self) -> None:
+        timer, cfg = PhaseTimer(), self.cfg
+        for actor in self.taken:
+            self._publish(actor, timer)
+        for shard in self.shards:
+            self._ask(shard)
+        with Guard(cfg, self.comm, 0) as guard:
+            self.log.begin()
+            while not self.stopping:
+                guard.at(f"waiting for a batch for update {self.version + 1}")
+                self.signalled = guard.stop_requested
+                shard = self._next_batch(timer)
+                if shard is None:
+                    break
+                self._train(shard, timer)
+                guard.beat(self.version, "between updates")
+            self._drain(timer)
+        add_phases(self.phases, timer.take())
+        self.progress.close()
+
+    def _next_batch(self, timer) -> int | None:
+        """The next replay whose batch has arrived (answering actors while waiting);
+        None once the run is to stop."""
+        deadline, pause = time.monotonic() + self.cfg.wait_timeout_s, 0.0
+        with timer("data_wait_s"):
+            while not self.stopping:
+                served = self._serve_actors(timer)
+                for shard in self.shards:
+                    if self.clients[shard].poll_reply(self.batches[shard]) is not None:
+                        return shard
+                if served:
+                    deadline, pause = time.monotonic() + self.cfg.wait_timeout_s, 0.0
+                elif time.monotonic() > deadline:
+                    raise DeadlineExceeded(f"learner: no batch from replay ranks {self.shards}"
+                                           f" and no request from an actor within "
+                                           f"{self.cfg.wait_timeout_s:g} s")
+                time.sleep(pause)
+                pause = min(PAUSE_S, pause * 2 or 1e-5)
+        return None
+
+    def _train(self, shard: int, timer) -> None:
+        cfg, learner = self.cfg, self.learner
+        reply = self.batches[shard][0]
+        if int(reply["meta"][R["count"]]) == 0:
+            raise AccountingError(f"replay rank {shard} sent an empty batch while actors run")
+        with timer("backward_s"):
+            batch = as_batch(reply["trans"], reply["weight"])
+            slots = reply["idx"].copy(), reply["stamp"].copy()
+            self.lags.extend((self.version - reply["trans"]["version"]).tolist())
+            lag = self.lags[-cfg.replay_batch:]
+        self._ask(shard)                       # prefetch: the next batch is on its way
+        parts, td = learner.gradient(batch, timer)
+        learner.apply(timer)
+        self.version += 1
+        if self.version % cfg.target_update == 0:
+            learner.sync_target()
+        self.pending[shard] = (*slots, td)
+        sent, received = self._bytes()
+        add_phases(self.phases, self.log.record(
+            self.version, timer, bytes_sent=sent - self.logged[0],
+            bytes_recv=received - self.logged[1], param_version=self.version,
+            policy_lag=float(np.mean(lag)), policy_lag_max=int(max(lag)),
+            sampled=cfg.replay_batch, prio_updates=cfg.replay_batch,
+            value_loss=parts["value_loss"]))
+        self.logged = (sent, received)
+        if self.version % cfg.log_every == 0:
+            self.window = report(self.progress, self.version, self.env_steps, self.window,
+                                 self.lags)
+        self._check_stop()
+
+    def _ask(self, shard: int, last: bool = False) -> None:
+        """Send ``shard`` a request: the priorities owed to it, then "sample" (or stop)."""
+        req = self.requests[shard][0]
+        idx, stamps, prios = self.pending.pop(shard, ((), (), ()))
+        n = len(idx)
+        req["idx"][:n], req["stamp"][:n], req["prio"][:n] = idx, stamps, prios
+        beta = beta_at(self.version, self.cfg.replay_beta, self.cfg.beta_anneal_steps)
+        req["meta"][:] = (float(last), n, beta)
+        self.prio_sent += n
+        self.clients[shard].send(self.requests[shard])
+
+    def _serve_actors(self, timer) -> bool:
+        actors = self.params.ready()
+        for actor in actors:
+            self._take_request(actor, timer)
+        return bool(actors)
+
+    def _take_request(self, actor: int, timer) -> None:
+        """An actor's parameter request: its numbers counted, the parameters (or STOP)
+        sent back."""
+        meta = self.params.buffers[actor].view(np.float64)
+        self.taken[actor] += 1
+        if int(meta[Q["index"]]) != self.taken[actor]:
+            raise AccountingError(f"actor {actor} says this is its request "
+                                  f"{int(meta[Q['index']])}, but it is the "
+                                  f"{self.taken[actor]}th the learner took")
+        self.env_steps += int(meta[Q["env_steps"]])
+        self.window[0] += meta[Q["episodes"]]
+        self.window[1] += meta[Q["return_sum"]]
+        if not np.isnan(meta[Q["recent_mean"]]):
+            self.recent[actor] = float(meta[Q["recent_mean"]])
+        self.signalled = self.signalled or bool(meta[Q["stop"]])
+        self._check_stop()
+        self._publish(actor, timer)
+
+    def _publish(self, actor: int, timer) -> None:
+        with timer("publish_s"):
+            self.reply[0]["meta"][0] = self.version
+            if self.stopping:
+                self.params.reply(actor, as_bytes(self.reply)[:meta_nbytes()], tag=TAG_STOP,
+                                  last=True)
+            else:
+                self.reply[0]["params"] = self.learner.params
+                self.params.reply(actor, self.reply, tag=TAG_PARAMS)
+
+    def _check_stop(self) -> None:
+        cfg = self.cfg
+        # judged on the greediest actor (epsilon ~ 0): the others explore by design
+        self.solved = self.solved or reached_target(cfg.target_return, list(self.recent.values()),
+                                                    1)
+        self.stopping = self.env_steps >= cfg.total_steps or self.solved or self.signalled
+
+    def _drain(self, timer) -> None:
+        """STOP every actor at its next request; then end every replay's channel."""
+        self.stopping = True
+        while self.params.pending():
+            with timer("data_wait_s"):
+                actor = self.params.wait_any(timeout_s=self.cfg.wait_timeout_s,
+                                             only=self.params.pending())
+            self._take_request(actor, timer)
+        for shard in self.shards:
+            client = self.clients[shard]
+            client.wait_reply(self.batches[shard], timeout_s=self.cfg.wait_timeout_s)
+            self.pending.pop(shard, None)          # not sent: the run is over
+            self._ask(shard, last=True)
+            tag, _ = client.wait_reply(self.batches[shard], timeout_s=self.cfg.wait_timeout_s)
+            if tag != TAG_STOP:
+                raise AccountingError(f"replay rank {shard} did not answer the last request "
+                                      "with STOP")
+        self.params.close(timeout_s=self.cfg.wait_timeout_s)
+
+    def _bytes(self) -> tuple[int, int]:
+        stats = [self.params.stats, *(c.stats for c in self.clients.values())]
+        return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
+
+    def bytes_sent(self) -> int:
+        return self._bytes()[0]
+
+    def counts(self) -> list[int]:
+        return [0, 0, 0, 0, 0, 0, self.prio_sent, 0, 0, 0]
+
+    def fill(self, summary: Summary) -> None:
+        summary.updates = self.version
+        summary.wall_s = self.progress.elapsed()
+        summary.phase_s = dict(self.phases)
+        summary.reached_target = self.solved
+        summary.param_digest = self.learner.param_digest()

@@ -1,0 +1,77 @@
+"""gorila and async over sharded parameter servers, under mpiexec: shards of the same
+push sequence end identical to one server (Adam and SGD), the leaving protocol ends
+every shard, every push is applied or dropped, and each server carries only its shard."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import kill_an_actor, train
+from mpirun import ROOT, run_mpi
+
+CHECK = str(ROOT / "tests" / "mpi" / "check_sharded.py")
+
+
+def _digests(output: str) -> dict[str, str]:
+    return dict(line.split() for line in output.splitlines()
+                if line.startswith(("worker ", "servers ")))
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_sharded_servers_end_identical_to_one(kind):
+    one = _digests(run_mpi(2, [CHECK, "1", kind, "25"], timeout_s=60).output)
+    three = _digests(run_mpi(4, [CHECK, "3", kind, "25"], timeout_s=60).output)
+    assert one["worker"] == one["servers"] == three["worker"] == three["servers"]
+
+
+def test_a_worker_stopped_by_shard_0_leaves_the_others():
+    result = run_mpi(4, [CHECK, "3", "adam", "10", "leave"], timeout_s=60)
+    applied = sorted(line for line in result.output.splitlines() if "applied" in line)
+    # shard 0 stopped the worker at its 11th push; shards 1 and 2 applied it, then
+    # took the leaving push (answered STOP): every shard ended
+    assert applied == ["shard 0 applied 10", "shard 1 applied 11", "shard 2 applied 11"]
+    d = _digests(result.output)
+    assert d["worker"] == d["servers"]
+
+
+@pytest.mark.parametrize("nranks, servers, mode", [(3, 1, "gorila"), (4, 2, "gorila"),
+                                                    (5, 3, "gorila"), (5, 2, "async")])
+def test_every_push_is_applied_or_dropped_and_each_server_holds_its_shard(
+        tmp_path, nranks, servers, mode):
+    extra = (["--learning-starts", "64", "--replay-batch", "32", "--replay-capacity", "2000"]
+             if mode == "gorila" else ["--topology", "star", "--checkpoint-every", "0"])
+    _, s = train(tmp_path, nranks, "--mode", mode, "--servers", str(servers),
+                 "--total-steps", "3000", *extra)
+    assert s["gradients_sent"] == s["gradients_applied"] + s["gradients_dropped"]
+    assert s["env_steps"] >= 3000 and s["updates"] > 0
+    staleness = np.load(tmp_path / "r" / "staleness.npy")
+    assert len(staleness) == s["gradients_applied"] and staleness.min() >= 0
+    recv = []
+    for r in range(servers):
+        with h5py.File(tmp_path / "r" / f"rank{r:04d}.h5", "r") as f:
+            assert f.attrs["role"] == "server"
+            u = f["updates"][:]
+            recv.append(u["bytes_recv"].sum() / len(u))
+    # every server receives its shard of each push: 1/S of the gradient each
+    per_push = np.asarray(recv)
+    assert per_push.sum() == pytest.approx(s["gradient_bytes"] + 8 * 9 * servers, rel=0.01)
+    assert per_push.max() / per_push.min() < 1.05
+    with h5py.File(tmp_path / "r" / f"rank{servers:04d}.h5", "r") as f:
+        u = f["updates"][:]
+        assert f.attrs["role"] == "worker" and len(u) > 0
+        assert (u["bytes_sent"] >= s["gradient_bytes"]).all()
+
+
+def test_servers_at_least_the_rank_count_are_refused(tmp_path):
+    result = run_mpi(3, ["-m", "mpirl.run", "--mode", "gorila", "--servers", "3",
+                         "--run-dir", str(tmp_path)], timeout_s=60, check=False)
+    assert result.returncode == 2 and result.output.count("mpirl.run: error:") == 1
+    assert "servers=3 with 3 ranks leaves no worker; allowed: 1..2" in result.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_killed_worker_ends_the_job_naming_it(tmp_path):
+    kill_an_actor(tmp_path, "gorila", 4, "--servers", "2", "--env-arg", "actions=5",
+                  "--learning-starts", "64", "--replay-batch", "16")
