@@ -307,7 +307,7 @@ class GorilaWorker:
         with timer("backward_s"):
             self.replay.update_priorities(idx, stamps, td)
             if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_([learner.flat.flat], cfg.max_grad_norm)
+                learner.clip_grad(cfg.max_grad_norm)
         return parts
 
     def _exchange(self, meta: np.ndarray, timer, stop: bool, losses: dict) -> bool:

@@ -64,7 +64,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
 from topologies.paramserver import TAG_PARAMS, TAG_SNAPSHOT, TAG_SNAPSHOT_STOP, ParameterServer
@@ -219,7 +218,7 @@ class Worker:
                     self.skipped += 1     # not pushed; its env steps travel with the next push
                     continue
                 if self.clip_norm:
-                    torch.nn.utils.clip_grad_norm_([learner.flat.flat], self.clip_norm)
+                    learner.clip_grad(self.clip_norm)
                 self._fill(meta, guard.stop_requested, busy_s=timer.total())
                 stats = ps.stats
                 sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s

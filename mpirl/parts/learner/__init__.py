@@ -27,7 +27,52 @@ class Batch:
     logp_old: torch.Tensor   # [T*E] log-probability of the action when it was taken
 
 
-class Learner:
+class FlatLearner:
+    """What every learner shares: a model in one flat parameter buffer (``self.flat``,
+    a :class:`FlatParams`) and one optimizer over it (``self.opt``), built by the
+    subclass; the flat views the topologies move, the clipped step, the digest."""
+
+    cfg: object
+    flat: FlatParams
+    opt: torch.optim.Optimizer
+
+    @property
+    def params(self) -> np.ndarray:
+        """The parameters as one flat numpy buffer (what topologies move)."""
+        return self.flat.param_np
+
+    @property
+    def grad(self) -> np.ndarray:
+        """The gradient as one flat numpy buffer: ``backward()`` writes straight into it."""
+        return self.flat.grad_np
+
+    def clip_grad(self, max_norm: float) -> None:
+        """Clip :attr:`grad` in place to ``max_norm`` (its global norm), where a design
+        clips before it sends (sharded servers do not clip)."""
+        torch.nn.utils.clip_grad_norm_([self.flat.flat], max_norm)
+
+    def apply(self, timer, grad: np.ndarray | None = None) -> None:
+        """Clip and apply the gradient in :attr:`grad` (already exchanged, if at all),
+        or in ``grad``, another flat buffer of the same size, used in place (the
+        parameter server's, holding a worker's push; clipping rescales it there)."""
+        flat = self.flat.flat
+        own = flat.grad
+        if grad is not None:
+            flat.grad = torch.from_numpy(grad)
+        try:
+            with timer("optimizer_s"):
+                if self.cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_([flat], self.cfg.max_grad_norm)
+                self.opt.step()
+        finally:
+            flat.grad = own
+
+    def param_digest(self) -> str:
+        """SHA-256 of the parameters alone."""
+        return hashlib.sha256(self.flat.param_np.tobytes()).hexdigest()
+
+
+class Learner(FlatLearner):
     """An actor-critic replica with Adam over its one flat parameter buffer.
 
     Every rank builds it from the same seed, so every replica starts identical (a
@@ -42,15 +87,6 @@ class Learner:
         self.flat = FlatParams(self.model)
         self.opt = torch.optim.Adam([self.flat.flat], lr=cfg.lr)
 
-    @property
-    def params(self) -> np.ndarray:
-        """The parameters as one flat numpy buffer (what topologies move)."""
-        return self.flat.param_np
-
-    @property
-    def grad(self) -> np.ndarray:
-        """The gradient as one flat numpy buffer: ``backward()`` writes straight into it."""
-        return self.flat.grad_np
 
     def batch(self, rollout) -> Batch:
         """Targets for a :class:`~mpirl.parts.actor.Rollout`: GAE advantages and returns
@@ -90,26 +126,6 @@ class Learner:
             loss.backward()
         return parts
 
-    def apply(self, timer, grad: np.ndarray | None = None) -> None:
-        """Clip and apply the gradient in :attr:`grad` (already exchanged, if at all),
-        or in ``grad``, another flat buffer of the same size, used in place (the
-        parameter server's, holding a worker's push; clipping rescales it there)."""
-        flat = self.flat.flat
-        own = flat.grad
-        if grad is not None:
-            flat.grad = torch.from_numpy(grad)
-        try:
-            with timer("optimizer_s"):
-                if self.cfg.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_([flat], self.cfg.max_grad_norm)
-                self.opt.step()
-        finally:
-            flat.grad = own
-
-    def param_digest(self) -> str:
-        """SHA-256 of the parameters alone."""
-        return hashlib.sha256(self.flat.param_np.tobytes()).hexdigest()
-
     def digest(self) -> str:
         """SHA-256 over the parameters and every tensor of the optimizer state."""
         h = hashlib.sha256(self.flat.param_np.tobytes())
@@ -130,5 +146,5 @@ class Learner:
             self.opt.load_state_dict(state["adam"])
 
 
-__all__ = ["ActorCritic", "Batch", "FlatParams", "Learner", "actor_critic_loss", "gae", "vtrace",
-           "vtrace_loss"]
+__all__ = ["ActorCritic", "Batch", "FlatLearner", "FlatParams", "Learner", "actor_critic_loss",
+           "gae", "vtrace", "vtrace_loss"]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import Learner
+from . import FlatLearner
 from .flat import FlatParams
 from .model import mlp
 
@@ -122,7 +122,7 @@ def double_dqn_loss(online: nn.Module, target: nn.Module, obs: torch.Tensor,
     return loss, td
 
 
-class DqnLearner:
+class DqnLearner(FlatLearner):
     """A Q-network replica and its target network, each one flat buffer, with Adam over
     the online one; built from ``cfg.seed`` so every rank starts identical."""
 
@@ -143,16 +143,6 @@ class DqnLearner:
         self.sync_target()
         self.opt = torch.optim.Adam([self.flat.flat], lr=cfg.lr)
         self.n_step, self.gamma = int(cfg.n_step), float(cfg.gamma)
-
-    @property
-    def params(self) -> np.ndarray:
-        """The online parameters as one flat numpy buffer (what topologies move)."""
-        return self.flat.param_np
-
-    @property
-    def grad(self) -> np.ndarray:
-        """The gradient as one flat numpy buffer: ``backward()`` writes straight into it."""
-        return self.flat.grad_np
 
     @property
     def target_params(self) -> np.ndarray:
@@ -196,9 +186,6 @@ class DqnLearner:
         y = ret + disc * self.model(next_obs).max(dim=1).values
         return (q - y).abs().numpy()
 
-    # the same flat-buffer step and parameter digest as the actor-critic learner
-    apply = Learner.apply
-    param_digest = Learner.param_digest
 
     def digest(self) -> str:
         """SHA-256 over the online parameters, every tensor of the optimizer state and
