@@ -123,3 +123,22 @@ def kill_an_actor(tmp_path: Path, mode: str, nranks: int, *extra: str) -> None:
     assert job.returncode != 0 and took < 15, (took, job.tail())
     line = next(s for s in job.output.splitlines() if "died without a word" in s)
     assert line.startswith(f"mpirl: rank {victim} (pid {status['pid']} on "), line
+
+
+#: seconds spent per test file (setup, call and teardown), for the summary below
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The suite's time by test file, slowest first: where the suite's budget goes."""
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"time by test file ({total:.0f} s in tests)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f} s {100 * seconds / total:5.1f}%  {path}")
