@@ -55,10 +55,13 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
 
     def experience_ranks(self, world_size: int) -> int:
         """Ranks that run environments: all in sync, all but the server(s) (async,
-        quorum, gorila), all but the learners (impala), the learner (seed), the trainer
-        and the predictor (ga3c), or the learner and the replay ranks (apex)."""
+        quorum, gorila; gorila's replay ranks too), all but the learners (impala), the
+        learner (seed), the trainer and the predictor (ga3c), or the learner and the
+        replay ranks (apex)."""
         servers = {"sync": 0, "impala": self.learners, "ga3c": 2, "apex": 1 + self.replay_ranks,
-                   "gorila": self.servers, "async": self.servers}.get(self.mode, 1)
+                   "gorila": self.servers + (self.replay_ranks
+                                             if self.gorila_replay == "service" else 0),
+                   "async": self.servers}.get(self.mode, 1)
         return world_size - servers
 
     def inference_mode(self) -> str:

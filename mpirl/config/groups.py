@@ -233,8 +233,9 @@ class ReplayFields:
     apex_eps_alpha: float = _doc("apex: per-actor epsilon exponent alpha", default=7.0)
     servers: int = _doc("gorila, async: parameter-server ranks (0..S-1) holding contiguous "
                         "shards of the flat parameter vector", default=1)
-    gorila_replay: str = _doc("gorila: 'local' (each actor-learner's own uniform replay) or "
-                              "'service' (not built yet: refused)", default="local")
+    gorila_replay: str = _doc("gorila: 'local' (each actor-learner's own replay) or "
+                              "'service' (--replay-ranks replay ranks after the servers, "
+                              "as apex's)", default="local")
 
 
 def check_replay(cfg, world_size: int) -> None:
@@ -250,7 +251,7 @@ def check_replay(cfg, world_size: int) -> None:
     in_range("replay_eps", cfg.replay_eps, 0.0, 1.0, low_open=True)
     in_range("apex_eps", cfg.apex_eps, 0.0, 1.0)
     if cfg.mode in DQN_MODES:
-        shards = cfg.replay_ranks if cfg.mode == "apex" else 1
+        shards = cfg.replay_ranks if cfg.mode == "apex" or gorila_service(cfg) else 1
         if cfg.replay_capacity // shards < cfg.replay_batch:
             raise ConfigError(
                 f"replay_capacity={cfg.replay_capacity} over {shards} replay shard(s) holds "
@@ -259,9 +260,18 @@ def check_replay(cfg, world_size: int) -> None:
                 f"{shards * cfg.replay_batch}")
     if cfg.mode in DQN_MODES:
         _check_discrete(cfg)
-    if cfg.mode == "gorila" and cfg.gorila_replay == "service":
-        raise ConfigError("gorila_replay='service' is not built yet; allowed: local")
     _check_servers(cfg, world_size)
+    if gorila_service(cfg) and cfg.replay_ranks > world_size - cfg.servers - cfg.replay_ranks:
+        raise ConfigError(f"replay_ranks={cfg.replay_ranks} with servers={cfg.servers} and "
+                          f"{world_size} ranks leaves "
+                          f"{max(0, world_size - cfg.servers - cfg.replay_ranks)} workers, and "
+                          f"every replay rank needs one; allowed: 1.."
+                          f"{max(1, (world_size - cfg.servers) // 2)}")
+
+
+def gorila_service(cfg) -> bool:
+    """gorila with replay ranks (``--gorila-replay service``)."""
+    return cfg.mode == "gorila" and cfg.gorila_replay == "service"
 
 
 def _check_discrete(cfg) -> None:
@@ -442,8 +452,9 @@ class ResilienceFields:
         "to the same total budget (its config.yaml is the base; flags on top)", default="")
     replay_schedule: str = _doc(
         "re-run the run in this directory with its recorded order of events enforced "
-        "(async, quorum, impala, gorila: which push or unroll was taken when); it ends with the "
-        "recorded parameter SHA-256; the configuration must be the recorded one",
+        "(async, quorum, impala, gorila, seed, ga3c, apex: which push, unroll, request or "
+        "batch was taken when); it ends with the recorded parameter SHA-256; the "
+        "configuration must be the recorded one",
         default="")
     fail: list = _doc(
         "inject a failure, as RANK@UPDATE[:KIND] (repeatable), KIND one of exit (the "
@@ -473,20 +484,22 @@ def check_resilience(cfg, world_size: int) -> None:
 
 def _check_replay_schedule(cfg, world_size: int) -> None:
     """A recorded run of this very configuration, rank count and a replayable design."""
-    from ..resilience.schedule import FREE_FIELDS, REPLAYABLE, schedule_path
+    from ..resilience.schedule import FREE_FIELDS, REPLAYABLE, deciding_ranks, schedule_path
     from . import config_differences, load_yaml
 
     where = Path(cfg.replay_schedule)
     if cfg.mode not in REPLAYABLE:
-        raise ConfigError(f"replay_schedule with mode={cfg.mode!r}; allowed modes: "
+        raise ConfigError(f"replay_schedule with mode={cfg.mode!r} (a synchronous run is "
+                          "deterministic: nothing to replay); allowed modes: "
                           f"{', '.join(REPLAYABLE)}")
     if cfg.resume:
         raise ConfigError("replay_schedule with resume: a resumed run records only the "
                           "events after its resume; replay the run from its start")
-    if not (where / "config.yaml").is_file() or not schedule_path(where, 0).is_file():
+    first = deciding_ranks(cfg, world_size)[0]
+    if not (where / "config.yaml").is_file() or not schedule_path(where, first).is_file():
         raise ConfigError(f"replay_schedule={str(where)!r} holds no recorded run (its "
-                          "config.yaml and schedule/rank0000.npy); give a run directory of "
-                          "an async, quorum, impala or gorila run")
+                          f"config.yaml and schedule/rank{first:04d}.npy); give the run "
+                          f"directory of a run of one of {', '.join(REPLAYABLE)}")
     _check_recorded_size(where, world_size)
     recorded = {k: v for k, v in load_yaml(where / "config.yaml").items()
                 if k not in FREE_FIELDS}
@@ -497,8 +510,7 @@ def _check_replay_schedule(cfg, world_size: int) -> None:
                           f"configuration: {'; '.join(differences)} (this run vs the recorded "
                           "one)")
     ranks = len(list((where / "schedule").glob("rank*.npy")))
-    wanted = {"impala": cfg.learners, "gorila": cfg.servers, "async": cfg.servers}.get(
-        cfg.mode, 1)
+    wanted = len(deciding_ranks(cfg, world_size))
     if ranks != wanted:
         raise ConfigError(f"replay_schedule={str(where)!r} holds {ranks} schedule files, "
                           f"this configuration records {wanted}")

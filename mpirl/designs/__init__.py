@@ -119,9 +119,14 @@ def describe(s: Summary) -> str:
     lines.append(f"gradients: {s.gradients_sent} sent = {s.gradients_applied} applied + "
                  f"{s.gradients_dropped} dropped; communication {100 * s.comm_share:.1f}% of "
                  "workers' busy time")
+    if s.mode == "gorila":
+        lines.append(f"replay: {s.transitions_sent} transitions sent = "
+                     f"{s.transitions_inserted} inserted ({s.replay_evicted} evicted), "
+                     f"{s.transitions_sampled} sampled, {s.priority_updates} priorities "
+                     f"updated ({s.priority_stale} stale)")
     if s.ranks_failed:
         lines.append(f"survived the failure of rank(s) {s.ranks_failed}: finished with "
                      f"{s.ranks - len(s.ranks_failed)} of {s.ranks} ranks (--on-failure shrink)")
     if not math.isnan(s.mean_staleness):
-        lines[-1] += f"; mean staleness {s.mean_staleness:.2f}"
+        lines[1] += f"; mean staleness {s.mean_staleness:.2f}"
     return "\n".join(lines)

@@ -55,17 +55,18 @@ from ..config import Config
 from ..parts.actor import Actor
 from ..parts.envs import make_envs
 from ..parts.learner.dqn import DqnLearner, EpsilonGreedy, apex_epsilon, nstep_transitions
-from ..parts.replay import PrioritizedReplay, beta_at
-from ..parts.transitions import B, R, S, TransitionLayout, as_batch, fill
+from ..parts.replay import beta_at
+from ..parts.transitions import R, TransitionLayout, as_batch
 from ..resilience.guard import Guard
+from ..resilience.schedule import Schedule, ScheduleDiverged
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, lag_stats,
-                           meta_nbytes, params_reply, report, settle)
+from .actorlearner import (TAG_PARAMS, TAG_STOP, AccountingError, lag_stats, meta_nbytes,
+                           params_reply, report, settle)
 from .common import Episodes, Summary, check_same_model, final_mean_return, reached_target
+from .replayservice import BlockSender, ReplayRank, SampleClient, check_counts, traffic
 
-TAG_SAMPLE = 66      # learner -> replay requests (actors' blocks use the channel default)
 REQUEST_META = ("index", "env_steps", "episodes", "return_sum", "recent_mean", "stop")
 Q = {name: i for i, name in enumerate(REQUEST_META)}
 
@@ -95,7 +96,8 @@ def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
         part = ApexLearner(cfg, comm, learner, layout, actors, run_dir)
     elif rank < first_actor:
         part = ReplayRank(cfg, comm, layout,
-                          [a for a in actors if 1 + (a - first_actor) % shards == rank], run_dir)
+                          [a for a in actors if 1 + (a - first_actor) % shards == rank], [0],
+                          run_dir)
     else:
         index = rank - first_actor
         part = ApexActor(cfg, comm, learner, actor, layout,
@@ -120,24 +122,6 @@ def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     return summary
 
 
-#: what :meth:`counts` returns on every rank (summed over ranks)
-COUNTS = ("sent", "inserted", "stored", "evicted", "sampled", "env_steps", "prio_sent",
-          "prio_applied", "prio_stale", "invalid")
-
-
-def check_counts(sent, inserted, stored, evicted, sampled, env_steps, prio_sent, prio_applied,
-                 prio_stale, invalid) -> None:
-    """The run's transition and priority accounting (summed over ranks)."""
-    if not sent == inserted == stored + evicted:
-        raise AccountingError(f"actors sent {sent} transitions, the replays inserted "
-                              f"{inserted}, which are {stored} stored + {evicted} evicted")
-    if prio_sent != prio_applied + prio_stale:
-        raise AccountingError(f"the learner sent {prio_sent} priorities, the replays "
-                              f"applied {prio_applied} and skipped {prio_stale} as stale")
-    if invalid:
-        raise AccountingError(f"{invalid} sampled slots held no stored transition")
-
-
 class ApexActor:
     """Roll out epsilon-greedily, turn the rollout into prioritized n-step transitions,
     ship them to the replay; refresh the parameters every ``--actor-refresh-steps``."""
@@ -151,15 +135,13 @@ class ApexActor:
         self.greediest = index == n_actors - 1      # its returns judge --target-return
         generator = torch.Generator().manual_seed(cfg.seed + 10000 * comm.Get_rank() + 1)
         self.policy = EpsilonGreedy(learner.model, self.epsilon, generator)
-        self.to_replay = ChannelClient(comm, replay)
+        self.to_replay = BlockSender(comm, replay, layout, cfg.wait_timeout_s)
         self.to_learner = ChannelClient(comm, 0)
-        self.blocks = [layout.empty("block"), layout.empty("block")]  # filling, in flight
         self.request = np.zeros(1, dtype=[("meta", "f8", (len(REQUEST_META),))])
         self.reply = params_reply(learner.params.size)
-        self.ack = np.zeros(1, dtype=np.float64)
         self.episodes = Episodes()
         self.owed = np.zeros(3)           # env steps, episodes, return sum since a request
-        self.sent = self.transitions = self.env_steps = self.requests = 0
+        self.env_steps = self.requests = 0
         self.version = -1
         self.logged = (0, 0)
         self.phases: dict[str, float] = {}
@@ -173,19 +155,21 @@ class ApexActor:
             self.log.begin()
             alive = True
             while alive:
-                guard.at(f"collecting block {self.sent + 1}")
+                blocks = self.to_replay.sent
+                guard.at(f"collecting block {blocks + 1}")
                 rollout = self.actor.collect(self.policy, cfg.rollout_steps, timer)
                 self._ship(rollout, timer)
-                if self.sent % every == 0:
+                blocks += 1
+                if blocks % every == 0:
                     alive = self._refresh(timer, guard.stop_requested)
                 sent, received = self._bytes()
                 add_phases(self.phases, self.log.record(
-                    self.sent, timer, env_steps=cfg.steps_per_batch, param_version=self.version,
+                    blocks, timer, env_steps=cfg.steps_per_batch, param_version=self.version,
                     bytes_sent=sent - self.logged[0], bytes_recv=received - self.logged[1],
                     inserted=self.layout.block_size))
                 self.logged = (sent, received)
-                guard.beat(self.sent, "between blocks")
-            self._leave(timer)
+                guard.beat(blocks, "between blocks")
+            self.to_replay.leave(timer)       # the learner said STOP
         add_phases(self.phases, timer.take())
 
     def _ship(self, rollout, timer) -> None:
@@ -199,31 +183,13 @@ class ApexActor:
             prios = self.learner.initial_priorities(trans["obs"], trans["action"], trans["ret"],
                                                     trans["disc"], trans["next_obs"])
         finished = actor.drain_episodes()
+        index = self.to_replay.sent + 1
         self.episodes.add(finished)
-        self.log.episodes(self.sent + 1, finished)
-        self.log.sim_times(self.sent + 1, actor.drain_sim_times())
+        self.log.episodes(index, finished)
+        self.log.sim_times(index, actor.drain_sim_times())
         self.owed += (cfg.steps_per_batch, len(finished), sum(r for r, _ in finished))
         self.env_steps += cfg.steps_per_batch
-        block = self.blocks[self.sent % 2]
-        count = fill(block[0]["trans"], trans, prios, self.version)
-        self._wait_ack(timer)
-        self._send_block(block, count, last=False)
-
-    def _send_block(self, block: np.ndarray, count: int, last: bool) -> None:
-        meta = block[0]["meta"]
-        meta[:] = 0.0
-        meta[B["index"]], meta[B["count"]] = self.sent + 1, count
-        meta[B["last"]], meta[B["version"]] = float(last), self.version
-        self.to_replay.send(block)
-        self.sent += 1
-        self.transitions += count
-
-    def _wait_ack(self, timer) -> int:
-        if not self.to_replay.in_flight:
-            return TAG_KEEP
-        with timer("send_s"):
-            tag, _ = self.to_replay.wait_reply(self.ack, timeout_s=self.cfg.wait_timeout_s)
-        return tag
+        self.to_replay.ship(trans, prios, self.version, timer)
 
     def _refresh(self, timer, stop: bool) -> bool:
         """Take the reply to the last parameter request, send the next; False on STOP."""
@@ -249,168 +215,11 @@ class ApexActor:
         self.version = int(self.reply[0]["meta"][0])
         return True
 
-    def _leave(self, timer) -> None:
-        """The learner said STOP: the last (empty) block tells the replay this actor
-        is gone; its STOP answers it."""
-        self._wait_ack(timer)
-        self._send_block(self.blocks[self.sent % 2], 0, last=True)
-        self.sent -= 1                       # the empty block is no block of data
-        if self._wait_ack(timer) != TAG_STOP:
-            raise AccountingError(f"rank {self.comm.Get_rank()}: the replay did not answer "
-                                  "the last block with STOP")
-
     def counts(self) -> list[int]:
-        return [self.transitions, 0, 0, 0, 0, self.env_steps, 0, 0, 0, 0]
+        return [self.to_replay.transitions, 0, 0, 0, 0, self.env_steps, 0, 0, 0, 0]
 
     def _bytes(self) -> tuple[int, int]:
-        stats = self.to_replay.stats, self.to_learner.stats
-        return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
-
-    def bytes_sent(self) -> int:
-        return self._bytes()[0]
-
-
-class ReplayRank:
-    """A replay shard as an MPI service: blocks in from its actors, batches out to the
-    learner, priorities back; one row per batch served."""
-
-    def __init__(self, cfg: Config, comm: MPI.Comm, layout: TransitionLayout,
-                 actors: list[int], run_dir: Path) -> None:
-        self.cfg, self.comm, self.layout = cfg, comm, layout
-        self.replay = PrioritizedReplay(cfg.replay_capacity // cfg.replay_ranks,
-                                        layout.transition, alpha=cfg.replay_alpha,
-                                        eps=cfg.replay_eps)
-        self.warmup = max(cfg.replay_batch, math.ceil(cfg.learning_starts / cfg.replay_ranks))
-        self.blocks = ChannelServer(comm, actors, layout.nbytes("block"))
-        self.samples = ChannelServer(comm, [0], layout.nbytes("request"), tag=TAG_SAMPLE)
-        self.ack = np.zeros(1, dtype=np.float64)
-        self.out = layout.empty("reply")
-        self.rng = np.random.default_rng(cfg.seed + 10000 * comm.Get_rank())
-        self.actors, self.learner_live, self.held = set(actors), True, False
-        self.beta = cfg.replay_beta
-        self.taken = {a: 0 for a in actors}
-        self.served = self.invalid = 0
-        self.row = np.zeros(3, dtype=np.int64)     # inserted, sampled, priorities since a row
-        self.logged = (0, 0)
-        self.phases: dict[str, float] = {}
-        self.log = RunLogger(cfg, comm, run_dir, role="replay")
-
-    def run(self) -> None:
-        timer, cfg = PhaseTimer(), self.cfg
-        with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
-            self.log.begin()
-            quiet_since, pause = time.monotonic(), 0.0
-            while self.actors or self.learner_live:
-                guard.at(f"serving batch {self.served + 1}")
-                if self._serve(timer):
-                    quiet_since, pause = time.monotonic(), 0.0
-                    guard.beat(self.served, "serving")
-                    continue
-                if time.monotonic() - quiet_since > cfg.wait_timeout_s:
-                    raise DeadlineExceeded(
-                        f"replay rank {self.comm.Get_rank()}: no block from ranks "
-                        f"{sorted(self.actors)} and no request from the learner within "
-                        f"{cfg.wait_timeout_s:g} s")
-                with timer("data_wait_s"):
-                    time.sleep(pause)
-                pause = min(PAUSE_S, pause * 2 or 1e-5)
-            self._record(timer)
-            self.blocks.close(timeout_s=cfg.wait_timeout_s)
-            self.samples.close(timeout_s=cfg.wait_timeout_s)
-        add_phases(self.phases, timer.take())
-
-    def _serve(self, timer) -> bool:
-        """Take what has arrived; answer the learner if it may be answered now."""
-        busy = False
-        for actor in self.blocks.ready():
-            with timer("replay_s"):
-                self._insert(actor)
-            busy = True
-        for _ in self.samples.ready():
-            with timer("replay_s"):
-                self._request()
-            busy = True
-        if self.held and self._may_sample():
-            with timer("replay_s"):
-                self._answer()
-            self._record(timer)
-            busy = True
-        return busy
-
-    def _insert(self, actor: int) -> None:
-        block = self.blocks.buffers[actor].view(self.layout.block)
-        meta = block[0]["meta"]
-        self.taken[actor] += 1
-        if int(meta[B["index"]]) != self.taken[actor]:
-            raise AccountingError(f"actor {actor} says this is its block {int(meta[B['index']])}"
-                                  f", but it is the {self.taken[actor]}th this replay took")
-        count = int(meta[B["count"]])
-        if count:
-            trans = block[0]["trans"][:count]
-            self.replay.add(trans, trans["prio"])
-            self.row[0] += count
-        last = bool(meta[B["last"]])
-        self.ack[0] = len(self.replay)
-        self.blocks.reply(actor, self.ack, tag=TAG_STOP if last else TAG_KEEP, last=last)
-        if last:
-            self.actors.discard(actor)
-
-    def _request(self) -> None:
-        """The learner's request: the previous batch's priorities, then hold it (or, the
-        last one, answer STOP)."""
-        req = self.samples.buffers[0].view(self.layout.request)[0]
-        updates = int(req["meta"][S["updates"]])
-        if updates:
-            stale = self.replay.update_priorities(req["idx"][:updates], req["stamp"][:updates],
-                                                  req["prio"][:updates])
-            self.row[2] += updates - stale
-        if req["meta"][S["last"]]:
-            self.samples.reply(0, self.ack, tag=TAG_STOP, last=True)
-            self.learner_live = False
-        else:
-            self.held, self.beta = True, float(req["meta"][S["beta"]])
-
-    def _may_sample(self) -> bool:
-        replay, cfg = self.replay, self.cfg
-        if not self.actors:                # nobody inserts any more: answer at once
-            return True
-        if len(replay) < self.warmup:
-            return False
-        return not cfg.train_intensity or \
-            replay.sampled + cfg.replay_batch <= cfg.train_intensity * replay.inserted
-
-    def _answer(self) -> None:
-        out, replay, n = self.out[0], self.replay, self.cfg.replay_batch
-        count = n if len(replay) >= n else 0
-        if count:
-            idx, stamps, weights = replay.sample(n, self.rng, self.beta, out=out["trans"])
-            # every sampled slot holds a stored transition (never an empty slot)
-            self.invalid += int(np.count_nonzero(replay.stamp[idx] < 0))
-            out["idx"], out["stamp"], out["weight"] = idx, stamps, weights
-            self.row[1] += n
-        out["meta"][:] = (count, replay.inserted, len(replay), replay.evicted, replay.sampled)
-        self.samples.reply(0, self.out, tag=TAG_KEEP)
-        self.held = False
-        self.served += 1
-
-    def _record(self, timer) -> None:
-        sent, received = self._bytes()
-        add_phases(self.phases, self.log.record(
-            self.served, timer, bytes_sent=sent - self.logged[0],
-            bytes_recv=received - self.logged[1], inserted=int(self.row[0]),
-            sampled=int(self.row[1]), prio_updates=int(self.row[2]),
-            replay_size=len(self.replay)))
-        self.logged = (sent, received)
-        self.row[:] = 0
-
-    def _bytes(self) -> tuple[int, int]:
-        stats = self.blocks.stats, self.samples.stats
-        return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
-
-    def counts(self) -> list[int]:
-        r = self.replay
-        return [0, r.inserted, len(r), r.evicted, r.sampled, 0, 0, r.updated, r.stale_updates,
-                self.invalid]
+        return traffic(self.to_replay.stats, self.to_learner.stats)
 
     def bytes_sent(self) -> int:
         return self._bytes()[0]
@@ -424,14 +233,14 @@ class ApexLearner:
                  layout: TransitionLayout, actors: list[int], run_dir: Path) -> None:
         self.cfg, self.comm, self.learner, self.layout = cfg, comm, learner, layout
         self.shards = list(range(1, 1 + cfg.replay_ranks))
-        self.clients = {s: ChannelClient(comm, s, tag=TAG_SAMPLE) for s in self.shards}
-        self.requests = {s: layout.empty("request") for s in self.shards}
-        self.batches = {s: layout.empty("reply") for s in self.shards}
-        self.pending: dict[int, tuple] = {}       # shard -> priorities not yet sent
+        self.samplers = {s: SampleClient(comm, s, layout, cfg.wait_timeout_s)
+                         for s in self.shards}
         self.params = ChannelServer(comm, actors, 8 * len(REQUEST_META))
-        self.reply = params_reply(learner.params.size)
+        # one reply per actor: a reply stays untouched until that actor's next one (a
+        # large one travels when the actor receives it, long after it was sent)
+        self.replies = {a: params_reply(learner.params.size) for a in actors}
         self.taken = {a: 0 for a in actors}
-        self.version = self.env_steps = self.prio_sent = 0
+        self.version = self.env_steps = 0
         self.window = [0.0, 0.0]
         self.recent: dict[int, float] = {}
         self.stopping = self.solved = self.signalled = False
@@ -440,6 +249,8 @@ class ApexLearner:
         self.phases: dict[str, float] = {}
         self.progress = Progress(run_dir, enabled=True)
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
+        # which batch or parameter request was taken next: recorded, or enforced
+        self.schedule = Schedule(run_dir, 0, cfg.replay_schedule)
 
     def run(self) -> None:
         timer, cfg = PhaseTimer(), self.cfg
@@ -460,16 +271,21 @@ class ApexLearner:
             self._drain(timer)
         add_phases(self.phases, timer.take())
         self.progress.close()
+        self.schedule.save()
 
     def _next_batch(self, timer) -> int | None:
         """The next replay whose batch has arrived (answering actors while waiting);
         None once the run is to stop."""
+        if self.schedule.replaying:
+            return self._replayed_batch(timer)
         deadline, pause = time.monotonic() + self.cfg.wait_timeout_s, 0.0
         with timer("data_wait_s"):
             while not self.stopping:
                 served = self._serve_actors(timer)
+                if self.stopping:        # decided by a request: no batch after it
+                    break
                 for shard in self.shards:
-                    if self.clients[shard].poll_reply(self.batches[shard]) is not None:
+                    if self.samplers[shard].poll():
                         return shard
                 if served:
                     deadline, pause = time.monotonic() + self.cfg.wait_timeout_s, 0.0
@@ -481,9 +297,27 @@ class ApexLearner:
                 pause = min(PAUSE_S, pause * 2 or 1e-5)
         return None
 
+    def _replayed_batch(self, timer) -> int | None:
+        """The recorded run's next batch, taking the actors' requests it took before it."""
+        while not self.stopping:
+            event = self.schedule.upcoming()
+            if event is None:
+                raise ScheduleDiverged("learner: the replay needs an event past the recorded "
+                                       "run's end")
+            who = event[0]
+            with timer("data_wait_s"):
+                if who in self.samplers:
+                    self.samplers[who].wait()
+                    return who
+                self.params.wait_any(timeout_s=self.cfg.wait_timeout_s, only=(who,))
+            self._take_request(who, timer)
+        return None
+
     def _train(self, shard: int, timer) -> None:
         cfg, learner = self.cfg, self.learner
-        reply = self.batches[shard][0]
+        self.schedule.take(shard, self.version)
+        sampler = self.samplers[shard]
+        reply = sampler.batch[0]
         if int(reply["meta"][R["count"]]) == 0:
             raise AccountingError(f"replay rank {shard} sent an empty batch while actors run")
         with timer("backward_s"):
@@ -497,7 +331,7 @@ class ApexLearner:
         self.version += 1
         if self.version % cfg.target_update == 0:
             learner.sync_target()
-        self.pending[shard] = (*slots, td)
+        sampler.owe(*slots, td)                # sent with the next request (one batch late)
         sent, received = self._bytes()
         add_phases(self.phases, self.log.record(
             self.version, timer, bytes_sent=sent - self.logged[0],
@@ -511,16 +345,10 @@ class ApexLearner:
                                  self.lags)
         self._check_stop()
 
-    def _ask(self, shard: int, last: bool = False) -> None:
-        """Send ``shard`` a request: the priorities owed to it, then "sample" (or stop)."""
-        req = self.requests[shard][0]
-        idx, stamps, prios = self.pending.pop(shard, ((), (), ()))
-        n = len(idx)
-        req["idx"][:n], req["stamp"][:n], req["prio"][:n] = idx, stamps, prios
+    def _ask(self, shard: int) -> None:
+        """Send ``shard`` a request: the priorities owed to it, then "sample"."""
         beta = beta_at(self.version, self.cfg.replay_beta, self.cfg.beta_anneal_steps)
-        req["meta"][:] = (float(last), n, beta)
-        self.prio_sent += n
-        self.clients[shard].send(self.requests[shard])
+        self.samplers[shard].ask(beta)
 
     def _serve_actors(self, timer) -> bool:
         actors = self.params.ready()
@@ -532,6 +360,8 @@ class ApexLearner:
         """An actor's parameter request: its numbers counted, the parameters (or STOP)
         sent back."""
         meta = self.params.buffers[actor].view(np.float64)
+        if not self.stopping:      # once the end is decided, the order changes nothing
+            self.schedule.take(actor, self.version)
         self.taken[actor] += 1
         if int(meta[Q["index"]]) != self.taken[actor]:
             raise AccountingError(f"actor {actor} says this is its request "
@@ -548,13 +378,14 @@ class ApexLearner:
 
     def _publish(self, actor: int, timer) -> None:
         with timer("publish_s"):
-            self.reply[0]["meta"][0] = self.version
+            reply = self.replies[actor]
+            reply[0]["meta"][0] = self.version
             if self.stopping:
-                self.params.reply(actor, as_bytes(self.reply)[:meta_nbytes()], tag=TAG_STOP,
+                self.params.reply(actor, as_bytes(reply)[:meta_nbytes()], tag=TAG_STOP,
                                   last=True)
             else:
-                self.reply[0]["params"] = self.learner.params
-                self.params.reply(actor, self.reply, tag=TAG_PARAMS)
+                reply[0]["params"] = self.learner.params
+                self.params.reply(actor, reply, tag=TAG_PARAMS)
 
     def _check_stop(self) -> None:
         cfg = self.cfg
@@ -571,26 +402,19 @@ class ApexLearner:
                 actor = self.params.wait_any(timeout_s=self.cfg.wait_timeout_s,
                                              only=self.params.pending())
             self._take_request(actor, timer)
-        for shard in self.shards:
-            client = self.clients[shard]
-            client.wait_reply(self.batches[shard], timeout_s=self.cfg.wait_timeout_s)
-            self.pending.pop(shard, None)          # not sent: the run is over
-            self._ask(shard, last=True)
-            tag, _ = client.wait_reply(self.batches[shard], timeout_s=self.cfg.wait_timeout_s)
-            if tag != TAG_STOP:
-                raise AccountingError(f"replay rank {shard} did not answer the last request "
-                                      "with STOP")
+        for sampler in self.samplers.values():
+            sampler.end()                          # owed priorities not sent: the run is over
         self.params.close(timeout_s=self.cfg.wait_timeout_s)
 
     def _bytes(self) -> tuple[int, int]:
-        stats = [self.params.stats, *(c.stats for c in self.clients.values())]
-        return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
+        return traffic(self.params.stats, *(c.stats for c in self.samplers.values()))
 
     def bytes_sent(self) -> int:
         return self._bytes()[0]
 
     def counts(self) -> list[int]:
-        return [0, 0, 0, 0, 0, 0, self.prio_sent, 0, 0, 0]
+        prio_sent = sum(c.prio_sent for c in self.samplers.values())
+        return [0, 0, 0, 0, 0, 0, prio_sent, 0, 0, 0]
 
     def fill(self, summary: Summary) -> None:
         summary.updates = self.version

@@ -11,11 +11,20 @@ alone, independently of the other servers (Gorila / DistBelief's asynchronous
 per-shard updates).  A worker therefore acts with shards of different ages.
 
 * ``gorila``: each worker is an actor-learner running Gorila's learner, the n-step
-  double DQN of :mod:`mpirl.parts.learner.dqn` (Ape-X's), over its own local replay
-  (``--gorila-replay local``: a :class:`~mpirl.parts.replay.PrioritizedReplay`; set
-  ``--replay-alpha 0`` for Gorila's uniform one), with epsilon-greedy exploration
-  (Ape-X's per-worker epsilons) and a target network re-synced from the parameters it
-  pulled every ``--target-update`` of its pushes.
+  double DQN of :mod:`mpirl.parts.learner.dqn` (Ape-X's), with epsilon-greedy
+  exploration (Ape-X's per-worker epsilons) and a target network re-synced from the
+  parameters it pulled every ``--target-update`` of its pushes.  Its replay memory:
+
+  - ``--gorila-replay local``: its own :class:`~mpirl.parts.replay.PrioritizedReplay`
+    (set ``--replay-alpha 0`` for Gorila's uniform one);
+  - ``--gorila-replay service``: Gorila's distributed replay memory, as the
+    :mod:`~mpirl.designs.replayservice` ranks Ape-X uses.  Ranks ``S..S+R-1``
+    (``--replay-ranks R``) are replay ranks; worker ``i`` inserts its rollouts into
+    replay ``S + i mod R`` (one block in flight) and samples its batches from it (one
+    request in flight, carrying the previous batch's priorities; the next request
+    leaves as soon as a gradient is computed, so it travels during the push).  A
+    worker waits for a batch once its replay reported its warm-up size (with
+    ``--train-intensity``, never: it polls, and collects more while held).
   ``--target-return`` is judged on the greediest worker's episodes (the last one).
 * ``async --servers S``: A3C's workers (:class:`mpirl.designs.paramserver.Worker`)
   with their gradients split over S servers: the same workload as ``async``, so the
@@ -29,7 +38,9 @@ they answer with STOP).  A shard other than 0 may so apply a worker's last gradi
 that shard 0 dropped: the shards end within one push of each other, as asynchronous
 sharded servers do.  Accounting, checked on every shard: pushes received = applied +
 dropped (leaving pushes are counted apart).  No checkpoints yet (refused at start).
-Every shard records the order of the pushes it took (``--replay-schedule``).
+Every shard records the order of the pushes it took (``--replay-schedule``); with replay
+ranks, each replay rank records its order of blocks, requests and answers, and each
+worker whether each look for its batch found it.
 """
 
 from __future__ import annotations
@@ -47,15 +58,17 @@ from ..config import Config
 from ..parts.learner.dqn import EpsilonGreedy, apex_epsilon
 from ..parts.replay import PrioritizedReplay, beta_at
 from ..parts.server import AsyncPolicy, ShardOptimizer
-from ..parts.transitions import TransitionLayout, as_batch, fill
+from ..parts.transitions import R, TransitionLayout, as_batch, fill
 from ..resilience.guard import Guard
-from ..resilience.schedule import Schedule
+from ..resilience.schedule import BATCH, Schedule
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from .apex import build_dqn
 from .common import Episodes, Summary, build_replica, check_same_model, final_mean_return
 from .paramserver import _PUSHES, _STEPS, META, AccountingError, ServerBook, Worker
+from .replayservice import (COUNTS, BlockSender, ReplayRank, SampleClient, check_counts,
+                            replay_warmup, traffic)
 
 #: a worker's push meta: the parameter server's, plus "this push only leaves the shard"
 GORILA_META = (*META, "leave")
@@ -70,40 +83,93 @@ def run_gorila(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
 def run_sharded(cfg: Config, comm: MPI.Comm, run_dir: Path, *, dqn: bool) -> Summary:
     """gorila (``dqn``) or async over ``--servers`` shards."""
     rank, size, servers = comm.Get_rank(), comm.Get_size(), cfg.servers
-    is_server = rank < servers
-    if dqn:
-        learner, actor = build_dqn(cfg, rank, with_actor=not is_server)
-    else:
-        learner, actor = build_replica(cfg, rank, with_actor=not is_server)
+    replays = cfg.replay_ranks if dqn and cfg.gorila_replay == "service" else 0
+    first_worker = servers + replays
+    build = build_dqn if dqn else build_replica
+    learner, actor = build(cfg, rank, with_actor=rank >= first_worker)
     check_same_model(comm, learner)
-    leave = np.zeros(len(GORILA_META))
-    leave[_LEAVE] = 1.0
-    sps = ShardedParameterServer(comm, servers, learner.params.size, meta_len=len(GORILA_META),
-                                 leave_meta=leave)
     summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
                       gradient_bytes=learner.grad.nbytes)
-    episodes = None
-    if is_server:
-        part = ShardServer(cfg, sps, learner, run_dir)
+    comms = _Comms(comm, servers, replays)
+    part, sps = _make_part(cfg, comms, learner, actor, dqn, run_dir)
+    if sps is None:
+        part.run()
+    elif sps.is_server:
         part.serve()
     else:
-        part = (GorilaWorker if dqn else ShardedA3CWorker)(cfg, sps, learner, actor, run_dir)
         part.work()
-        episodes = part.episodes
-    _settle(summary, comm, sps, part, learner)
-    summary.final_mean_return = final_mean_return(comm, episodes)
+    _settle(summary, comm, sps, part, learner, first_worker)
+    if dqn:
+        _settle_replay(summary, comm, part)
+    summary.final_mean_return = final_mean_return(
+        comm, part.episodes if rank >= first_worker else None)
     part.log.close(summary.totals())
-    sps.free()
+    if sps is not None:
+        sps.free()
+    comms.free()
     return summary
 
 
-def _settle(summary: Summary, comm: MPI.Comm, sps: ShardedParameterServer, part,
-            learner) -> None:
+class _Comms:
+    """The wiring: ``servers`` server ranks, then ``replays`` replay ranks (gorila
+    --gorila-replay service), then workers.  With replay ranks, the servers and workers
+    exchange shards on a communicator without them, and samples travel on a duplicate."""
+
+    def __init__(self, comm: MPI.Comm, servers: int, replays: int) -> None:
+        self.world, self.servers, self.replays = comm, servers, replays
+        rank = comm.Get_rank()
+        self.first_worker = servers + replays
+        self.workers = list(range(self.first_worker, comm.Get_size()))
+        self.is_replay = servers <= rank < self.first_worker
+        if replays:
+            self.samples = comm.Dup()
+            self.ps = comm.Split(MPI.UNDEFINED if self.is_replay else 0, rank)
+        else:
+            self.samples, self.ps = None, comm
+
+    def replay_of(self, worker: int) -> int:
+        """The replay rank a worker (world rank) inserts into and samples from."""
+        return self.servers + (worker - self.first_worker) % self.replays
+
+    def free(self) -> None:
+        if self.replays:
+            self.samples.Free()
+            if self.ps != MPI.COMM_NULL:
+                self.ps.Free()
+
+
+def _make_part(cfg: Config, comms: _Comms, learner, actor, dqn: bool, run_dir: Path):
+    """This rank's part (a replay rank, a shard server or a worker) and the sharded
+    exchange (None on a replay rank)."""
+    world, rank = comms.world, comms.world.Get_rank()
+    layout = TransitionLayout(learner.obs_space.shape, cfg.num_envs * cfg.rollout_steps,
+                              cfg.replay_batch) if dqn else None
+    if comms.is_replay:
+        mine = [w for w in comms.workers if comms.replay_of(w) == rank]
+        return ReplayRank(cfg, world, layout, mine, mine, run_dir,
+                          samples_comm=comms.samples), None
+    leave = np.zeros(len(GORILA_META))
+    leave[_LEAVE] = 1.0
+    sps = ShardedParameterServer(comms.ps, cfg.servers, learner.params.size,
+                                 meta_len=len(GORILA_META), leave_meta=leave)
+    if sps.is_server:
+        return ShardServer(cfg, world, sps, learner, run_dir), sps
+    if not dqn:
+        return ShardedA3CWorker(cfg, sps, learner, actor, run_dir), sps
+    memory = (ServiceMemory(cfg, world, comms.samples, comms.replay_of(rank), layout, run_dir)
+              if comms.replays else LocalMemory(cfg, layout, rank, len(comms.workers)))
+    return GorilaWorker(cfg, world, sps, learner, actor, memory, run_dir), sps
+
+
+def _settle(summary: Summary, comm: MPI.Comm, sps: ShardedParameterServer | None, part,
+            learner, first_worker: int) -> None:
     """Totals over every rank, checked; rank 0 holds shard 0's books."""
-    pushes = comm.allreduce(0 if sps.is_server else part.pushes)
-    summary.phase_s = comm.bcast(part.phases if comm.Get_rank() == sps.servers else None,
-                                 root=sps.servers)
-    shards = comm.gather(sps.slice(learner.params, sps.shard).copy() if sps.is_server
+    is_worker = comm.Get_rank() >= first_worker
+    pushes = comm.allreduce(part.pushes if is_worker else 0)
+    summary.phase_s = comm.bcast(part.phases if comm.Get_rank() == first_worker else None,
+                                 root=first_worker)
+    is_server = sps is not None and sps.is_server
+    shards = comm.gather(sps.slice(learner.params, sps.shard).copy() if is_server
                          else None, root=0)
     if comm.Get_rank() != 0:
         return
@@ -117,12 +183,23 @@ def _settle(summary: Summary, comm: MPI.Comm, sps: ShardedParameterServer, part,
                               f"{summary.gradients_dropped}")
 
 
+def _settle_replay(summary: Summary, comm: MPI.Comm, part) -> None:
+    """gorila: the replay memories' accounting, summed over ranks and checked."""
+    mine = part.counts() if hasattr(part, "counts") else [0] * len(COUNTS)
+    counts = comm.allreduce(np.asarray(mine, dtype=np.int64), op=MPI.SUM)
+    check_counts(*counts)
+    summary.transitions_sent, summary.transitions_inserted = int(counts[0]), int(counts[1])
+    summary.replay_evicted, summary.transitions_sampled = int(counts[3]), int(counts[4])
+    summary.priority_updates, summary.priority_stale = int(counts[7]), int(counts[8])
+
+
 class ShardServer:
     """One shard's server: apply every push to this shard on arrival and answer its
     worker; shard 0 also keeps the books and decides the end."""
 
-    def __init__(self, cfg: Config, sps: ShardedParameterServer, learner, run_dir: Path) -> None:
-        self.cfg, self.sps, self.ps = cfg, sps, sps.server
+    def __init__(self, cfg: Config, comm: MPI.Comm, sps: ShardedParameterServer, learner,
+                 run_dir: Path) -> None:
+        self.cfg, self.comm, self.sps, self.ps = cfg, comm, sps, sps.server
         self.params = sps.slice(learner.params, sps.shard)        # a view: the shard
         self.opt = ShardOptimizer(self.params, cfg.lr)
         self.policy = AsyncPolicy()
@@ -135,7 +212,7 @@ class ShardServer:
         self.phases: dict[str, float] = {}
         self.run_dir = run_dir
         self.progress = Progress(run_dir, enabled=self.decides)
-        self.log = RunLogger(cfg, sps.comm, run_dir, role="server")
+        self.log = RunLogger(cfg, comm, run_dir, role="server")
         # the order of the pushes this shard took: recorded, or enforced (--replay-schedule)
         self.schedule = Schedule(run_dir, sps.rank, cfg.replay_schedule)
 
@@ -146,7 +223,7 @@ class ShardServer:
             ps.reply(worker, self.params)
             policy.sent(worker)
         timer = PhaseTimer()
-        with Guard(cfg, self.sps.comm, self.sps.rank) as guard:
+        with Guard(cfg, self.comm, self.sps.rank) as guard:
             self.log.begin()
             while self.active:
                 stats = ps.stats
@@ -229,48 +306,153 @@ class ShardedA3CWorker(Worker):
         self.clip_norm = cfg.max_grad_norm
 
 
-class GorilaWorker:
-    """Gorila's actor-learner: roll out epsilon-greedily into a local replay, sample a
-    batch, compute the double-DQN gradient, push its shards, pull the parameters."""
+class LocalMemory:
+    """``--gorila-replay local``: the worker's own prioritized replay."""
 
-    def __init__(self, cfg: Config, sps: ShardedParameterServer, learner, actor,
-                 run_dir: Path) -> None:
-        self.cfg, self.ps, self.learner, self.actor = cfg, sps, learner, actor
+    def __init__(self, cfg: Config, layout: TransitionLayout, rank: int, workers: int) -> None:
+        self.cfg = cfg
+        self.replay = PrioritizedReplay(cfg.replay_capacity, layout.transition,
+                                        alpha=cfg.replay_alpha, eps=cfg.replay_eps)
+        self.block = np.zeros(layout.block_size, dtype=layout.transition)
+        self.sample = np.zeros(cfg.replay_batch, dtype=layout.transition)
+        self.rng = np.random.default_rng(cfg.seed + 10000 * rank)
+        self.warmup = max(cfg.replay_batch, cfg.learning_starts // workers)
+        self.slots: tuple = ()
+        self.sent = self.prio_sent = 0
+        self.stats: list = []             # no traffic: the memory is in this process
+
+    def insert(self, trans: dict, prios: np.ndarray, version: int, timer) -> int:
+        n = fill(self.block, trans, prios, version)
+        self.replay.add(self.block[:n], prios)
+        self.sent += n
+        return n
+
+    def batch(self, beta: float, timer) -> dict | None:
+        """A batch to learn from, or None while the replay is below its warm-up."""
+        if len(self.replay) < self.warmup:
+            return None
+        idx, stamps, weights = self.replay.sample(self.cfg.replay_batch, self.rng, beta,
+                                                  out=self.sample)
+        self.slots = (idx, stamps)
+        return as_batch(self.sample, weights)
+
+    def priorities(self, td: np.ndarray, beta: float) -> None:
+        self.replay.update_priorities(*self.slots, td)
+        self.prio_sent += len(td)
+
+    def size(self) -> int:
+        return len(self.replay)
+
+    def leave(self, timer) -> None:
+        pass
+
+    def counts(self) -> list[int]:
+        r = self.replay
+        return [self.sent, r.inserted, len(r), r.evicted, r.sampled, 0, self.prio_sent,
+                r.updated, r.stale_updates, 0]
+
+
+class ServiceMemory:
+    """``--gorila-replay service``: one replay rank of :mod:`.replayservice`, inserted
+    into and sampled from over MPI."""
+
+    def __init__(self, cfg: Config, comm: MPI.Comm, samples_comm: MPI.Comm, replay: int,
+                 layout: TransitionLayout, run_dir: Path) -> None:
+        self.sender = BlockSender(comm, replay, layout, cfg.wait_timeout_s)
+        self.sampler = SampleClient(samples_comm, replay, layout, cfg.wait_timeout_s)
+        self.warmup, self.replay = replay_warmup(cfg), replay
+        self.waits = not cfg.train_intensity  # else the replay may hold a request long
+        self.slots: tuple = ()
+        # whether each look found the batch there: recorded, or enforced (a replay)
+        self.schedule = Schedule(run_dir, comm.Get_rank(), cfg.replay_schedule)
+
+    @property
+    def stats(self) -> list:
+        return [self.sender.stats, self.sampler.stats]
+
+    def insert(self, trans: dict, prios: np.ndarray, version: int, timer) -> int:
+        return self.sender.ship(trans, prios, version, timer)
+
+    def batch(self, beta: float, timer) -> dict | None:
+        """The batch asked for last, once it is here; None while the replay holds it
+        (the worker collects more meanwhile)."""
+        sampler, schedule = self.sampler, self.schedule
+        if not sampler.in_flight:
+            sampler.ask(beta)
+        with timer("data_wait_s"):
+            if schedule.replaying:              # there when the recorded run found it
+                got = schedule.upcoming() == (BATCH, 1)
+            else:
+                got = self.waits and self.sender.size >= self.warmup
+            if got:
+                sampler.wait()
+            elif not schedule.replaying:
+                got = sampler.poll()
+        schedule.take(BATCH, int(got))
+        if not got:
+            return None
+        reply = sampler.batch[0]
+        if int(reply["meta"][R["count"]]) == 0:
+            raise AccountingError(f"replay rank {self.replay} sent an empty batch while "
+                                  "this worker inserts")
+        self.slots = (reply["idx"].copy(), reply["stamp"].copy())
+        return as_batch(reply["trans"], reply["weight"])
+
+    def priorities(self, td: np.ndarray, beta: float) -> None:
+        """The batch's new priorities travel with the next request, sent now."""
+        self.sampler.owe(*self.slots, td)
+        self.sampler.ask(beta)
+
+    def size(self) -> int:
+        return self.sender.size
+
+    def leave(self, timer) -> None:
+        self.sender.leave(timer)
+        self.sampler.end()
+        self.schedule.save()
+
+    def counts(self) -> list[int]:
+        return [self.sender.transitions, 0, 0, 0, 0, 0, self.sampler.prio_sent, 0, 0, 0]
+
+
+class GorilaWorker:
+    """Gorila's actor-learner: roll out epsilon-greedily into its replay memory (local,
+    or a replay rank), take a batch, compute the double-DQN gradient, push its shards,
+    pull the parameters."""
+
+    def __init__(self, cfg: Config, comm: MPI.Comm, sps: ShardedParameterServer, learner,
+                 actor, memory: LocalMemory | ServiceMemory, run_dir: Path) -> None:
+        self.cfg, self.comm, self.ps, self.learner, self.actor = cfg, comm, sps, learner, actor
+        self.memory = memory
         index = sps.rank - sps.servers
-        generator = torch.Generator().manual_seed(cfg.seed + 10000 * sps.rank + 1)
+        generator = torch.Generator().manual_seed(cfg.seed + 10000 * comm.Get_rank() + 1)
         self.policy = EpsilonGreedy(learner.model, apex_epsilon(
             index, len(sps.workers), cfg.apex_eps, cfg.apex_eps_alpha), generator)
         self.greediest = index == len(sps.workers) - 1   # judges --target-return
-        per_rollout = cfg.num_envs * cfg.rollout_steps
-        self.layout = TransitionLayout(learner.obs_space.shape, per_rollout, cfg.replay_batch)
-        self.replay = PrioritizedReplay(cfg.replay_capacity, self.layout.transition,
-                                        alpha=cfg.replay_alpha, eps=cfg.replay_eps)
-        self.block = np.zeros(per_rollout, dtype=self.layout.transition)
-        self.sample = np.zeros(cfg.replay_batch, dtype=self.layout.transition)
-        self.rng = np.random.default_rng(cfg.seed + 10000 * sps.rank)
-        self.warmup = max(cfg.replay_batch, cfg.learning_starts // len(sps.workers))
         self.episodes = Episodes()
         self.owed = np.zeros(3)
         self.pushes = self.rollouts = self.inserted = self.skipped = 0
+        self.logged = (0, 0)
         self.phases: dict[str, float] = {}
-        self.log = RunLogger(cfg, sps.comm, run_dir, role="worker")
+        self.log = RunLogger(cfg, comm, run_dir, role="worker")
 
     def work(self) -> None:
         cfg, ps, learner = self.cfg, self.ps, self.learner
         timer, meta = PhaseTimer(), np.zeros(len(GORILA_META))
-        with Guard(cfg, ps.comm, ps.rank) as guard:
+        with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
             with timer("exchange_s"):
                 alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
             learner.sync_target()
             add_phases(self.phases, timer.take())
+            self.logged = self._traffic()
             self.log.begin()
             while alive:
                 guard.at(f"collecting rollout {self.rollouts + 1}")
                 self._collect(timer)
-                if len(self.replay) < self.warmup:
-                    continue
                 for _ in range(cfg.update_repeat):
                     losses = self._gradient(timer)
+                    if losses is None:
+                        break                  # no batch yet: collect more
                     if not guard.check(self.pushes + self.skipped + 1, learner.grad):
                         self.skipped += 1      # --nan-policy skip: not pushed
                         continue
@@ -278,6 +460,7 @@ class GorilaWorker:
                     guard.beat(self.pushes, "between pushes")
                     if not alive:
                         break
+            self.memory.leave(timer)
 
     def _collect(self, timer) -> None:
         cfg, actor = self.cfg, self.actor
@@ -286,9 +469,7 @@ class GorilaWorker:
             trans = self.learner.transitions(rollout, actor.obs)
             prios = self.learner.initial_priorities(trans["obs"], trans["action"], trans["ret"],
                                                     trans["disc"], trans["next_obs"])
-            n = fill(self.block, trans, prios, self.pushes)
-            self.replay.add(self.block[:n], prios)
-        self.inserted += n
+        self.inserted += self.memory.insert(trans, prios, self.pushes, timer)
         self.rollouts += 1
         finished = actor.drain_episodes()
         self.episodes.add(finished)
@@ -296,19 +477,25 @@ class GorilaWorker:
         self.log.sim_times(self.pushes + 1, actor.drain_sim_times())
         self.owed += (cfg.steps_per_batch, len(finished), sum(r for r, _ in finished))
 
-    def _gradient(self, timer) -> dict:
+    def _gradient(self, timer) -> dict | None:
         cfg, learner = self.cfg, self.learner
         with timer("backward_s"):
             beta = beta_at(self.pushes, cfg.replay_beta, cfg.beta_anneal_steps)
-            idx, stamps, weights = self.replay.sample(cfg.replay_batch, self.rng, beta,
-                                                      out=self.sample)
-            batch = as_batch(self.sample, weights)
+            batch = self.memory.batch(beta, timer)
+        if batch is None:
+            return None
         parts, td = learner.gradient(batch, timer)
         with timer("backward_s"):
-            self.replay.update_priorities(idx, stamps, td)
+            self.memory.priorities(td, beta)
             if cfg.max_grad_norm > 0:
                 learner.clip_grad(cfg.max_grad_norm)
         return parts
+
+    def _traffic(self) -> tuple[int, int]:
+        return traffic(self.ps.stats, *self.memory.stats)
+
+    def counts(self) -> list[int]:
+        return self.memory.counts()
 
     def _exchange(self, meta: np.ndarray, timer, stop: bool, losses: dict) -> bool:
         cfg, ps, learner = self.cfg, self.ps, self.learner
@@ -321,20 +508,21 @@ class GorilaWorker:
         meta[META.index("stop")] = stop
         meta[META.index("busy_s")] = sum(self.phases.values()) + timer.total()
         meta[META.index("exchange_s")] = self.phases.get("exchange_s", 0.0)
-        stats = ps.stats
-        sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
+        waited = ps.stats.wait_s
         with timer("exchange_s"):
             ps.push(learner.grad, meta)
             self.pushes += 1
             alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
         if self.pushes % cfg.target_update == 0:
             learner.sync_target()
+        sent, received = self._traffic()
         add_phases(self.phases, self.log.record(
-            self.pushes, timer, bytes_sent=stats.bytes_sent - sent,
-            bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
+            self.pushes, timer, bytes_sent=sent - self.logged[0],
+            bytes_recv=received - self.logged[1], wait_s=ps.stats.wait_s - waited,
             env_steps=int(self.owed[0]), inserted=self.inserted,
-            sampled=cfg.replay_batch, replay_size=len(self.replay),
+            sampled=cfg.replay_batch, replay_size=self.memory.size(),
             value_loss=losses["value_loss"]))
+        self.logged = (sent, received)
         self.owed[:] = 0.0
         self.inserted = 0
         return alive

@@ -45,6 +45,7 @@ from topologies.channels import ChannelClient, ChannelServer, as_bytes
 from ..config import Config
 from ..parts.unroll import M, UnrollAssembler, UnrollLayout
 from ..resilience.guard import Guard
+from ..resilience.schedule import PARAMS, STEP, Schedule
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
@@ -275,6 +276,9 @@ class InferenceRank:
         self.phases: dict[str, float] = {}
         self.progress = Progress(run_dir, enabled=True)
         self.log = RunLogger(cfg, comm, run_dir, role="learner" if trains else "predictor")
+        # which requests made each forward pass (and, ga3c, when the trainer's parameters
+        # were taken): recorded, or enforced (--replay-schedule)
+        self.schedule = Schedule(run_dir, comm.Get_rank(), cfg.replay_schedule)
 
     def run(self) -> None:
         timer = PhaseTimer()
@@ -292,11 +296,26 @@ class InferenceRank:
             self._drain(timer)
         add_phases(self.phases, timer.take())
         self.progress.close()
+        self.schedule.save()
+
+    def _gather(self) -> list[int]:
+        """The next forward pass's clients: as the batcher takes them, or (a replay)
+        the recorded run's, waited for in its order."""
+        if not self.schedule.replaying:
+            clients = self.batcher.gather(self.server, self.cfg.wait_timeout_s)
+        else:
+            clients = self.schedule.group()
+            for client in clients:
+                self.server.wait_any(timeout_s=self.cfg.wait_timeout_s, only=(client,))
+        for client in clients:
+            self.schedule.take(client, self.version)
+        self.schedule.take(STEP, self.version)
+        return clients
 
     def _serve(self, timer) -> bool:
         """One forward pass over a batch of requests; True if an actor was signalled."""
         with timer("batch_wait_s"):
-            clients = self.batcher.gather(self.server, self.cfg.wait_timeout_s)
+            clients = self._gather()
         requests = [self.server.buffers[c].view(self.request_dtype)[0] for c in clients]
         obs = torch.from_numpy(np.concatenate([r["obs"] for r in requests]))
         with timer("forward_s"), torch.no_grad():
@@ -353,12 +372,17 @@ class InferenceRank:
         the outbox is over-full), then send the next one."""
         link = self.to_trainer
         if link.in_flight:
+            if self.schedule.replaying:           # take the reply where the recording did
+                event = self.schedule.upcoming()
+                block = event is not None and event[0] == PARAMS
             with timer("publish_s"):
                 got = (link.wait_reply(self.params_in, timeout_s=self.cfg.wait_timeout_s)
-                       if block else link.poll_reply(self.params_in))
+                       if block else None if self.schedule.replaying
+                       else link.poll_reply(self.params_in))
             if got is None:
                 return
             self._take_params(got[0])
+            self.schedule.take(PARAMS, self.version)
         if self.outbox:
             record = self.outbox.popleft()
             with timer("send_s"):

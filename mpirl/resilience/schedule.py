@@ -3,14 +3,27 @@ and replay a run with that order enforced.
 
 An asynchronous design's result depends on arrival order: which worker's push the
 server took next (async, quorum; each shard server of gorila or ``async --servers``),
-which actor's unroll the learner took and when it stepped (impala).  Everything else a
-rank does is a function of its seed and of what it was sent, so the order is all that
-needs recording.  Every run records it, one
-file per deciding rank: ``schedule/rankNNNN.npy``, an int64 array of rows
-``(who, version)``: the rank whose message was taken (or :data:`STEP`, "the learner
-updated here", with the version it stepped from) and the parameter version that message
-was computed on (the version that rank had been given).  Recording is one list append
-per event; the file is written at the run's end.
+which actor's unroll the learner took and when it stepped (impala), which actors'
+requests made each forward pass (seed; ga3c's predictor, and when it took the
+trainer's parameters), and in apex which replay's batch or actor's parameter request
+the learner took next, and in what order each replay rank took blocks, took requests
+and answered them.  Everything else a rank does is a function of its seed and of what
+it was sent, so the order is all that needs recording.  Every run records it, one
+file per deciding rank (:func:`deciding_ranks`): ``schedule/rankNNNN.npy``, an int64
+array of rows ``(who, version)``: the rank whose message was taken (or a marker below)
+and the parameter version that message was computed on (the version that rank had
+been given), or for a marker what it says:
+
+* :data:`STEP`: the learner updated here (impala), or a forward pass ended (seed,
+  ga3c), with the version it ran with;
+* :data:`PARAMS`: ga3c's predictor took the trainer's reply, with the version it then
+  acted with;
+* :data:`REQUEST` / :data:`ANSWER`: a replay rank took a sample request from / sent a
+  batch to the sampler in ``version``'s place;
+* :data:`BATCH`: a gorila worker over replay ranks looked for its batch, ``version`` 1
+  if it had arrived (it trained), 0 if not (it collected more).
+
+Recording is one list append per event; the file is written at the run's end.
 
 ``--replay-schedule RUN_DIR`` re-runs with RUN_DIR's order enforced: the deciding
 rank waits for the scheduled sender's message alone (the others' wait where MPI put
@@ -27,10 +40,16 @@ from pathlib import Path
 import numpy as np
 
 STEP = -1            # the event "the learner took an update step here"
+PARAMS = -3          # ga3c's predictor took the trainer's reply here
+REQUEST = -4         # a replay rank took a sample request (version: the sampler)
+ANSWER = -5          # a replay rank answered a sample request (version: the sampler)
+BATCH = -6           # a gorila service worker looked for its batch (version: 1 if there)
 #: the designs whose runs can be replayed (the deciding ranks record their order)
-REPLAYABLE = ("async", "quorum", "impala", "gorila")
+REPLAYABLE = ("async", "quorum", "impala", "gorila", "seed", "ga3c", "apex")
 #: fields a replay may change: where its files go, and the replay itself
-FREE_FIELDS = ("run_dir", "run_name", "replay_schedule", "log_every")
+#: (deadlines end a run that hangs; they change no result)
+FREE_FIELDS = ("run_dir", "run_name", "replay_schedule", "log_every", "wait_timeout_s",
+               "watchdog_s")
 
 
 class ScheduleDiverged(RuntimeError):
@@ -64,16 +83,57 @@ class Schedule:
                                    f"recorded run ended after {len(self.recorded)}")
         return int(self.recorded[len(self.events), 0])
 
+    def upcoming(self) -> tuple[int, int] | None:
+        """The next recorded event (not taken), or None past the recorded run's end."""
+        k = len(self.events)
+        if self.recorded is None or k >= len(self.recorded):
+            return None
+        return int(self.recorded[k, 0]), int(self.recorded[k, 1])
+
+    def group(self) -> list[int]:
+        """Who the recorded events up to the next :data:`STEP` are from (not taken)."""
+        if self.recorded is None:
+            return []
+        k = len(self.events)
+        whos = self.recorded[k:, 0]
+        ends = np.flatnonzero(whos == STEP)
+        if not len(ends):
+            raise ScheduleDiverged(f"the replay needs a group from event {k + 1}, but the "
+                                   "recorded run ends without one")
+        return [int(w) for w in whos[:ends[0]]]
+
     def take(self, who: int, version: int) -> None:
         """Record an event (checked against the recorded one when replaying)."""
         if self.recorded is not None:
             k = len(self.events)
             want = tuple(int(x) for x in self.recorded[k]) if k < len(self.recorded) else None
             if want != (who, version):
+                self.events.append((who, version))
+                diverged = self.path.with_suffix(".diverged.npy")
+                self._save(diverged)
                 raise ScheduleDiverged(f"event {k + 1}: recorded {want}, replayed "
-                                       f"{(who, version)} (who, parameter version)")
+                                       f"{(who, version)} (who, parameter version); the "
+                                       f"replayed events are in {diverged}")
         self.events.append((who, version))
 
     def save(self) -> None:
-        self.path.parent.mkdir(exist_ok=True)
-        np.save(self.path, np.asarray(self.events, dtype=np.int64).reshape(-1, 2))
+        self._save(self.path)
+
+    def _save(self, path: Path) -> None:
+        path.parent.mkdir(exist_ok=True)
+        np.save(path, np.asarray(self.events, dtype=np.int64).reshape(-1, 2))
+
+
+def deciding_ranks(cfg, world_size: int) -> list[int]:
+    """The ranks whose order a run of ``cfg`` records (one schedule file each)."""
+    if cfg.mode == "impala":
+        return list(range(cfg.learners))
+    if cfg.mode == "gorila" and cfg.gorila_replay == "service":
+        return list(range(world_size))      # shards, replay ranks and every worker
+    if cfg.mode in ("gorila", "async"):
+        return list(range(cfg.servers))
+    if cfg.mode == "ga3c":
+        return [1]                          # the predictor; the trainer takes FIFO
+    if cfg.mode == "apex":
+        return list(range(1 + cfg.replay_ranks))
+    return [0]

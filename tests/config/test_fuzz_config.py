@@ -122,15 +122,22 @@ RANGES = {
 def check_documented_ranges(cfg: Config, world_size: int) -> None:
     for name, ok in RANGES.items():
         assert ok(getattr(cfg, name)), f"{name}={getattr(cfg, name)!r} was accepted"
+    if cfg.mode in ("async", "quorum"):           # a parameter server: the star, async
+        assert cfg.topology == "star"
     if cfg.mode != "sync":
-        assert cfg.topology == "star" and world_size >= 2
+        assert world_size >= 2
     if cfg.mode == "quorum":
         assert 0 <= cfg.quorum <= world_size - 1
     for rank, factor in parse_stragglers(cfg.straggler).items():
         assert 0 <= rank < world_size and math.isfinite(factor) and factor >= 1
     for rank in parse_faults(cfg.fail, world_size):
         assert 0 <= rank < world_size
-    workers = world_size if cfg.mode == "sync" else world_size - 1
+    # the ranks that step envs: all but the servers, learners, predictor, replay ranks
+    service = cfg.replay_ranks if cfg.gorila_replay == "service" else 0
+    workers = world_size - {"sync": 0, "impala": cfg.learners, "ga3c": 2,
+                            "apex": 1 + cfg.replay_ranks, "gorila": cfg.servers + service,
+                            "async": cfg.servers}.get(cfg.mode, 1)
+    assert workers >= 1
     assert cfg.total_steps >= workers * cfg.num_envs * cfg.rollout_steps * cfg.action_repeat
 
 
@@ -252,8 +259,10 @@ def load_text(content) -> None:
             message = one_line(err)
             assert str(path) in message or "fuzz" in message or "exp.yaml" in message, message
             if "not valid YAML" in message:
-                lines = (content if isinstance(content, str) else
-                         content.decode("utf-8", "replace")).count("\n") + 1
+                # YAML's line breaks: CR LF, CR, LF, NEL, LS, PS (its line numbers count them)
+                text = (content if isinstance(content, str) else
+                        content.decode("utf-8", "replace"))
+                lines = len(re.split("\r\n|[\r\n\x85\u2028\u2029]", text))
                 found = re.search(r"exp\.yaml line (\d+): not valid YAML", message)
                 assert found, f"no line number: {message}"
                 assert 1 <= int(found.group(1)) <= lines + 1, message

@@ -1,6 +1,7 @@
 """gorila and async over sharded parameter servers, under mpiexec: shards of the same
 push sequence end identical to one server (Adam and SGD), the leaving protocol ends
-every shard, every push is applied or dropped, and each server carries only its shard."""
+every shard, every push is applied or dropped, and each server carries only its shard;
+gorila over replay ranks (--gorila-replay service) accounts for every transition."""
 
 from __future__ import annotations
 
@@ -75,3 +76,37 @@ def test_servers_at_least_the_rank_count_are_refused(tmp_path):
 def test_a_killed_worker_ends_the_job_naming_it(tmp_path):
     kill_an_actor(tmp_path, "gorila", 4, "--servers", "2", "--env-arg", "actions=5",
                   "--learning-starts", "64", "--replay-batch", "16")
+
+
+@pytest.mark.parametrize("nranks, servers, replays", [(4, 1, 1), (7, 2, 2)])
+def test_the_replay_service_takes_every_transition_and_serves_every_worker(
+        tmp_path, nranks, servers, replays):
+    _, s = train(tmp_path, nranks, "--mode", "gorila", "--gorila-replay", "service",
+                 "--servers", str(servers), "--replay-ranks", str(replays),
+                 "--learning-starts", "64", "--replay-batch", "32", "--replay-capacity",
+                 "1200", "--total-steps", "4000")
+    run_dir = tmp_path / "r"
+    # (the run checks sent = inserted = stored + evicted and priorities sent = applied
+    # + stale itself; here the replay ranks' logs must say the same)
+    assert s["transitions_sent"] == s["transitions_inserted"] >= 4000
+    assert s["replay_evicted"] > 0 and s["priority_updates"] > 0
+    assert s["gradients_sent"] == s["gradients_applied"] + s["gradients_dropped"]
+    inserted = sampled = 0
+    for r in range(servers, servers + replays):
+        with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:
+            assert f.attrs["role"] == "replay"
+            u = f["updates"][:]
+        inserted += u["inserted"].sum()
+        sampled += u["sampled"].sum()
+        assert (u["replay_size"] <= 1200 // replays).all()
+    assert inserted == s["transitions_inserted"] and sampled == s["transitions_sampled"]
+    # every push trained on one sampled batch of 32 (a last batch may go unused)
+    assert s["gradients_sent"] * 32 <= sampled <= (s["gradients_sent"] + nranks) * 32
+    workers = range(servers + replays, nranks)
+    for r in workers:
+        with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:
+            assert f.attrs["role"] == "worker"
+            u = f["updates"][:]
+        assert len(u) > 0 and np.isfinite(u["value_loss"]).all()
+        # each push carries the gradient's shards; the blocks and requests travel too
+        assert u["bytes_sent"].sum() > len(u) * s["gradient_bytes"]

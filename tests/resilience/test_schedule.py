@@ -1,11 +1,13 @@
 """Reproducible asynchronous runs under mpiexec: a run replayed with its recorded order
 of events ends with the recorded parameter SHA-256 (async, quorum, impala, gorila with 2
-shards at 4 ranks, with a straggler so that the order is not the trivial one); a replay of another
-configuration, rank count or design is refused at start."""
+shards, seed, ga3c at 4 ranks, apex with 2 replay ranks and gorila with 2 shards and a
+replay rank at 5, with a straggler so that the order is not the trivial one); a replay of
+another configuration, rank count or design is refused at start."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -17,13 +19,34 @@ RUNS = {"async": ["--mode", "async", "--topology", "star"],
         "quorum": ["--mode", "quorum", "--topology", "star"],
         "impala": ["--mode", "impala"],
         "gorila": ["--mode", "gorila", "--servers", "2", "--learning-starts", "64",
-                   "--replay-batch", "32", "--straggler", "3:2"]}
+                   "--replay-batch", "32", "--straggler", "3:2"],
+        "seed": ["--mode", "seed"],
+        "ga3c": ["--mode", "ga3c", "--straggler", "3:2"],
+        "apex": ["--mode", "apex", "--replay-ranks", "2", "--learning-starts", "64",
+                 "--replay-batch", "32", "--straggler", "4:2"],
+        "gorila-service": ["--mode", "gorila", "--gorila-replay", "service", "--servers", "2",
+                           "--learning-starts", "64", "--replay-batch", "32",
+                           "--straggler", "4:2"]}
+#: ranks per run (4 unless named) and the deciding ranks' schedule files (1 unless named)
+RANKS = {"apex": 5, "gorila-service": 5}
+FILES = {"gorila": 2, "apex": 3, "gorila-service": 5}
+#: the modes whose rank 0 takes every actor's messages (the straggler's order is seen)
+ROUND_ROBIN_BROKEN = ("async", "quorum", "impala", "seed")
 
 
 def _run(tmp_path, nranks, name, *args, check=True):
-    return run_mpi(nranks, ["-m", "mpirl.run", *SMALL, "--total-steps", "6000",
+    return run_mpi(nranks, ["-m", "mpirl.run", *SMALL, "--total-steps", "3000",
                             "--straggler", "1:2", *args, "--run-dir",
                             str(tmp_path), "--run-name", name], timeout_s=180, check=check)
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+    """One recorded async run at 4 ranks, shared by the tests that only read it (or a
+    copy of it)."""
+    where = tmp_path_factory.mktemp("async")
+    _run(where, 4, "rec", *RUNS["async"])
+    return where / "rec"
 
 
 def _summary(tmp_path, name):
@@ -31,30 +54,39 @@ def _summary(tmp_path, name):
 
 
 @pytest.mark.parametrize("mode", list(RUNS))
-def test_a_replayed_run_ends_bit_identical(tmp_path, mode):
-    _run(tmp_path, 4, "rec", *RUNS[mode])
-    _run(tmp_path, 4, "rep", *RUNS[mode], "--replay-schedule", str(tmp_path / "rec"))
+def test_a_replayed_run_ends_bit_identical(tmp_path, mode, request):
+    nranks = RANKS.get(mode, 4)
+    if mode == "async":
+        shutil.copytree(request.getfixturevalue("async_run"), tmp_path / "rec")
+    else:
+        _run(tmp_path, nranks, "rec", *RUNS[mode])
+    _run(tmp_path, nranks, "rep", *RUNS[mode], "--replay-schedule", str(tmp_path / "rec"))
     rec, rep = _summary(tmp_path, "rec"), _summary(tmp_path, "rep")
     assert rep["param_digest"] == rec["param_digest"]
     for key in ("updates", "env_steps", "gradients_applied", "unrolls_used",
-                "mean_staleness", "mean_policy_lag"):
+                "mean_staleness", "mean_policy_lag", "transitions_sampled",
+                "requests_answered"):
         assert rep[key] == rec[key] or (rep[key] != rep[key] and rec[key] != rec[key]), key
-    recorded = np.load(tmp_path / "rec" / "schedule" / "rank0000.npy")
-    replayed = np.load(tmp_path / "rep" / "schedule" / "rank0000.npy")
-    assert recorded.shape[1] == 2 and len(recorded) >= rec["updates"]
-    assert np.array_equal(recorded, replayed)
-    if mode == "gorila":        # every shard's order, and the shards' final parameters
-        assert np.array_equal(np.load(tmp_path / "rec" / "schedule" / "rank0001.npy"),
-                              np.load(tmp_path / "rep" / "schedule" / "rank0001.npy"))
-        return                  # (its 2 workers are numbered 1, 2 within each shard)
-    # a straggler at 2x: its pushes/unrolls arrive at half the others' rate, so the
-    # recorded order is not a round robin
-    who = recorded[recorded[:, 0] >= 0, 0]
-    assert (who == 1).sum() < (who == 3).sum()
+    # every deciding rank's order (gorila: each shard; ga3c: the predictor, rank 1;
+    # apex: the learner and each replay rank; gorila over a replay rank: the shards, the
+    # replay rank and each worker), recorded again by the replay
+    files = sorted(p.name for p in (tmp_path / "rec" / "schedule").glob("rank*.npy"))
+    assert files == sorted(p.name for p in (tmp_path / "rep" / "schedule").glob("rank*.npy"))
+    assert len(files) == FILES.get(mode, 1)
+    for name in files:
+        recorded = np.load(tmp_path / "rec" / "schedule" / name)
+        assert recorded.shape[1] == 2 and len(recorded) >= 10
+        assert np.array_equal(recorded, np.load(tmp_path / "rep" / "schedule" / name)), name
+    if mode in ROUND_ROBIN_BROKEN:
+        # a straggler at 2x: its pushes/unrolls/requests arrive at half the others' rate,
+        # so the recorded order is not a round robin
+        recorded = np.load(tmp_path / "rec" / "schedule" / "rank0000.npy")
+        who = recorded[recorded[:, 0] >= 0, 0]
+        assert (who == 1).sum() < (who == 3).sum()
 
 
-def test_a_tampered_schedule_is_caught(tmp_path):
-    _run(tmp_path, 4, "rec", *RUNS["async"])
+def test_a_tampered_schedule_is_caught(tmp_path, async_run):
+    shutil.copytree(async_run, tmp_path / "rec")
     path = tmp_path / "rec" / "schedule" / "rank0000.npy"
     events = np.load(path)
     # move the straggler's first push later: the versions its later pushes were
@@ -72,10 +104,9 @@ def test_a_tampered_schedule_is_caught(tmp_path):
     (4, ["--lr", "0.002"], "is a run of another configuration: lr=0.002 vs 0.001"),
     (3, [], "was recorded with 4 ranks; launch this one with mpirun -np 4, not 3"),
 ])
-def test_a_replay_of_another_run_is_refused(tmp_path, nranks, args, fragment):
-    _run(tmp_path, 4, "rec", *RUNS["async"])
+def test_a_replay_of_another_run_is_refused(tmp_path, nranks, args, fragment, async_run):
     result = _run(tmp_path, nranks, "rep", *RUNS["async"], *args, "--replay-schedule",
-                  str(tmp_path / "rec"), check=False)
+                  str(async_run), check=False)
     assert result.returncode == 2, result.tail()
     assert result.output.count("mpirl.run: error:") == 1 and fragment in result.output, \
         result.tail()
@@ -83,8 +114,10 @@ def test_a_replay_of_another_run_is_refused(tmp_path, nranks, args, fragment):
 
 
 def test_replay_is_refused_for_a_design_that_records_none(tmp_path):
-    result = run_mpi(3, ["-m", "mpirl.run", "--mode", "apex", "--replay-schedule",
+    # sync is deterministic by itself: it records nothing, there is nothing to replay
+    result = run_mpi(3, ["-m", "mpirl.run", "--mode", "sync", "--replay-schedule",
                          str(tmp_path), "--run-dir", str(tmp_path)], timeout_s=60, check=False)
     assert result.returncode == 2
-    assert "replay_schedule with mode='apex'; allowed modes: async, quorum, impala, gorila" in \
-        result.output
+    assert ("replay_schedule with mode='sync' (a synchronous run is deterministic: nothing "
+            "to replay); allowed modes: async, quorum, impala, gorila, seed, ga3c, apex"
+            ) in result.output
