@@ -71,6 +71,20 @@ class FlatLearner:
         """SHA-256 of the parameters alone."""
         return hashlib.sha256(self.flat.param_np.tobytes()).hexdigest()
 
+    def digest(self) -> str:
+        """SHA-256 over the parameters and every tensor of the optimizer state."""
+        return self._state_hash().hexdigest()
+
+    def _state_hash(self):
+        """The running SHA-256 of :meth:`digest` (a subclass may add to it)."""
+        h = hashlib.sha256(self.flat.param_np.tobytes())
+        for state in self.opt.state.values():
+            for key in sorted(state):
+                value = state[key]
+                h.update(value.numpy().tobytes() if torch.is_tensor(value)
+                         else repr(value).encode())
+        return h
+
 
 class Learner(FlatLearner):
     """An actor-critic replica with Adam over its one flat parameter buffer.
@@ -126,15 +140,6 @@ class Learner(FlatLearner):
             loss.backward()
         return parts
 
-    def digest(self) -> str:
-        """SHA-256 over the parameters and every tensor of the optimizer state."""
-        h = hashlib.sha256(self.flat.param_np.tobytes())
-        for state in self.opt.state.values():
-            for key in sorted(state):
-                value = state[key]
-                h.update(value.numpy().tobytes() if torch.is_tensor(value)
-                         else repr(value).encode())
-        return h.hexdigest()
 
     def state(self) -> dict:
         return {"params": torch.from_numpy(self.flat.param_np.copy()),

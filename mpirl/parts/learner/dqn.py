@@ -11,7 +11,6 @@ its new replay priority.  :class:`EpsilonGreedy` is the matching actor policy an
 from __future__ import annotations
 
 import copy
-import hashlib
 
 import gymnasium
 import numpy as np
@@ -190,12 +189,7 @@ class DqnLearner(FlatLearner):
     def digest(self) -> str:
         """SHA-256 over the online parameters, every tensor of the optimizer state and
         the target parameters."""
-        h = hashlib.sha256(self.flat.param_np.tobytes())
-        for state in self.opt.state.values():
-            for key in sorted(state):
-                value = state[key]
-                h.update(value.numpy().tobytes() if torch.is_tensor(value)
-                         else repr(value).encode())
+        h = self._state_hash()
         h.update(self.target_flat.param_np.tobytes())
         return h.hexdigest()
 
