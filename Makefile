@@ -6,6 +6,8 @@ VENV   ?= .venv
 NP     ?= 4
 ARGS   ?=
 SWEEP  ?= experiments/topologies.yaml
+NODES  ?= 4
+RATE   ?= off
 FIGS   ?= figures
 RUNS   ?= runs/sweeps/topologies
 BIN    := $(VENV)/bin
@@ -18,7 +20,8 @@ ULFM_EXEC   = $(ULFM_VENV)/bin/mpiexec $(if $(filter 0,$(shell id -u)),--allow-r
 	--oversubscribe --with-ft ulfm --mca mpi_ft_detector true --mca mpi_ft_detector_thread true \
 	--mca mpi_ft_detector_period 1 --mca mpi_ft_detector_timeout 4
 
-.PHONY: install ulfm-env run run-ulfm test bench soak sweep plot clean
+.PHONY: install ulfm-env run run-ulfm test bench soak sweep plot clean cluster-up cluster-down \
+	cluster-status
 
 install: $(STAMP)
 
@@ -60,6 +63,16 @@ sweep: install
 # every figure of the runs and benchmark files under $(RUNS), into $(FIGS)/
 plot: install
 	$(BIN)/python -m analysis.plot $(RUNS) -o $(FIGS) $(ARGS)
+
+# the emulated cluster (docs/cluster.md; as root): make cluster-up NODES=4 RATE=1gbit ARGS=--slurm
+cluster-up: install
+	$(BIN)/python -m mpirl.cluster up --nodes $(NODES) --rate $(RATE) $(ARGS)
+
+cluster-down: install
+	$(BIN)/python -m mpirl.cluster down
+
+cluster-status: install
+	$(BIN)/python -m mpirl.cluster status
 
 clean:
 	rm -rf $(VENV) $(ULFM_VENV) build *.egg-info .pytest_cache .hypothesis

@@ -10,6 +10,10 @@ the exit status, whether the output names the failed rank, and whether every rec
 survived — every rank log opens, and after the resume (where the scenario resumes) each
 rank's log holds every update exactly once and the gradient accounting adds up.  Prints
 one markdown table row per scenario.
+
+The cluster scenarios run on an emulated cluster of 2 nodes at 1 Gbit/s (its own,
+``mpirldrill``, brought up and down by the drill; root needed, docs/cluster.md), 2 ranks
+per node, and break a whole node: every process on it killed, or its link cut.
 """
 
 from __future__ import annotations
@@ -72,6 +76,28 @@ SCENARIOS = {
     "ULFM: kill -9 server, async": (3, ["--mode", "async", "--topology", "star",
                                         "--total-steps", "4800"], "kill", 0, 30, False, True),
 }
+
+
+#: name -> (ranks, extra args, fault, node, rank to watch, update, mpi, expected end)
+#: on the emulated cluster: 2 nodes, 2 ranks each (node1 holds ranks 2 and 3)
+CLUSTER_SCENARIOS = {
+    "cluster: kill node1 (ranks 2, 3), sync butterfly, MPICH": (
+        4, ["--topology", "butterfly", "--total-steps", "1000000"], "node-kill", "node1", 2, 12,
+        "mpich", "ends"),
+    "cluster: cut node1's link, sync butterfly, MPICH (watchdog 10 s)": (
+        4, ["--topology", "butterfly", "--total-steps", "1000000", "--watchdog-s", "10"],
+        "node-cut", "node1", 2, 12, "mpich", "ends"),
+    "cluster: kill node1 (ranks 2, 3), sync butterfly, Open MPI shrink": (
+        4, ["--topology", "butterfly", "--total-steps", "6400", "--on-failure", "shrink"],
+        "node-kill", "node1", 2, 12, "openmpi", "survives"),
+    "cluster: kill node1 (ranks 2, 3), sync star, Open MPI shrink": (
+        4, ["--topology", "star", "--total-steps", "6400", "--on-failure", "shrink"],
+        "node-kill", "node1", 2, 12, "openmpi", "survives"),
+    "cluster: kill node0 (the server, rank 0), async star, Open MPI": (
+        4, ["--mode", "async", "--topology", "star", "--total-steps", "1000000"],
+        "node-kill", "node0", 1, 30, "openmpi", "ends"),
+}
+CLUSTER = "mpirldrill"
 
 
 def command(nranks: int, argv: list[str], ulfm: bool) -> list[str]:
@@ -181,6 +207,74 @@ def drill(name: str, spec, out: Path) -> dict:
     return row
 
 
+def cluster_drill(name: str, spec, out: Path) -> dict:
+    """One whole-node fault on the emulated cluster; what ended, when, and who was named."""
+    nranks, args, fault, node, rank, at, mpi, expected = spec
+    run_dir = out / f"c{list(CLUSTER_SCENARIOS).index(name):02d}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cli = [sys.executable, "-m", "mpirl.cluster", "--name", CLUSTER]
+    launch = [*cli, "exec", "-n", str(nranks), "--ranks-per-node", "2", "--timeout", "300",
+              *(["--mpi", "openmpi", "--ulfm"] if mpi == "openmpi" else []), "--",
+              "python", "-m", "mpirl.run", *SLOW, *args, "--run-dir", str(out),
+              "--run-name", run_dir.name]
+    for attempt in range(4 if mpi == "openmpi" else 1):   # Open MPI's start-up segfaults
+        proc = subprocess.Popen(launch, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            wait_for(proc, run_dir, rank, at)
+            break
+        except RuntimeError:
+            code, text = finish(proc, 30)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if attempt == (3 if mpi == "openmpi" else 0):
+                return {"name": name, "error": text[-800:]}
+    t_fault = time.time()
+    subprocess.run([*cli, "kill" if fault == "node-kill" else "cut", node], check=True,
+                   capture_output=True)
+    code, text = finish(proc, 300)
+    t_end = time.time()
+    if fault == "node-cut":
+        subprocess.run([*cli, "cut", node, "--restore"], check=True, capture_output=True)
+    ranks_there = "ranks 2, 3" if node == "node1" else "ranks 0, 1"
+    lines = [line for line in text.splitlines() if node in line and ranks_there in line]
+    row = {"name": name, "exit": code, "to_end_s": t_end - t_fault, "expected": expected,
+           "named": bool(lines), "says": (lines or [""])[0][:160]}
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        s = json.loads(summary.read_text())
+        row.update(survived=True, ranks_failed=s.get("ranks_failed"), env_steps=s["env_steps"])
+        detect, recovered = [], []
+        for r in set(range(nranks)) - set(s.get("ranks_failed") or []):
+            with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:
+                if "failures" in f:
+                    fails = f["failures"][...]
+                    detect += list(fails["detect_s"])
+                    recovered += [float(u) - t_fault for u in fails["unix_s"]]
+        if detect:
+            row.update(detect_s=max(detect), recover_s=max(recovered))
+        row["named"] = row["named"] or s.get("ranks_failed") == [2, 3]
+    row["logs_open"] = True
+    logs_complete(run_dir, nranks)                  # every rank log opens (raises if not)
+    return row
+
+
+def run_cluster_drills(names: list[str], out: Path) -> list[dict]:
+    from mpirl.cluster import net
+
+    rows = []
+    net.down(CLUSTER)
+    net.up(CLUSTER, 2, "1gbit", "10.231.88.0/24")
+    try:
+        for name in names:
+            row = cluster_drill(name, CLUSTER_SCENARIOS[name], out)
+            rows.append(row)
+            print(json.dumps(row, default=str), flush=True)
+    finally:
+        net.down(CLUSTER)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/drill")
@@ -198,6 +292,14 @@ def main() -> int:
         row = drill(name, spec, out)
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
+    cluster = [name for name, spec in CLUSTER_SCENARIOS.items()
+               if not args.only or any(word in name for word in args.only)]
+    if cluster and os.geteuid() != 0:
+        print(f"skipped (the emulated cluster needs root): {len(cluster)} cluster scenarios")
+    elif cluster:
+        if not (ROOT / ".venv-ulfm" / "bin" / "mpiexec").exists():
+            cluster = [n for n in cluster if CLUSTER_SCENARIOS[n][6] != "openmpi"]
+        rows += run_cluster_drills(cluster, out)
     (out / "drill.json").write_text(json.dumps(rows, indent=2, default=str))
     print("\n| fault | exit | fault -> end (s) | named | logs after | resume |")
     print("|---|---|---|---|---|---|")
@@ -206,7 +308,7 @@ def main() -> int:
             print(f"| {r['name']} | error | | | | |")
             continue
         end = f"{r['to_end_s']:.1f}" if r.get("to_end_s") is not None else "-"
-        if r.get("survived"):
+        if r.get("survived") and "detect_s" in r:
             end += f" (detect {r['detect_s']:.1f}, recovered {r['recover_s']:.1f})"
         resume = ("complete" if r.get("complete_after_resume") else "INCOMPLETE") \
             if "complete_after_resume" in r else "-"

@@ -27,10 +27,14 @@ ALLOWED = {
     "mpirl.resilience": {"topologies", "mpirl.config", "mpirl.launch"},
     "mpirl.designs": {"topologies", "mpirl.config", "mpirl.launch", "mpirl.parts",
                       "mpirl.resilience", "mpirl.telemetry"},
+    "mpirl.cluster": {"mpirl.launch"},                  # mpiexec's path, MPI settings
     "mpirl.study": {"topologies", "mpirl.config", "mpirl.launch", "mpirl.resilience",
-                    "mpirl.telemetry"},
+                    "mpirl.telemetry", "mpirl.cluster"},   # sweep --launcher cluster
     "mpirl.run": {"mpirl.config", "mpirl.launch", "mpirl.designs", "mpirl.resilience"},
-    "analysis": {"mpirl.telemetry", "mpirl.study.figures"},   # the schema's reader, palette
+    "analysis": {"mpirl.telemetry", "mpirl.study.figures",    # the schema's reader, palette
+                 # analysis.cluster: the cost model's and the simulator's predictions
+                 # drawn beside the measurements, and the link cap's units
+                 "mpirl.study.costmodel", "mpirl.study.simulate", "mpirl.cluster.net"},
 }
 #: the entry points kept at their old paths: each imports its tool in mpirl.study
 SHIMS = {f"mpirl.{name}" for name in ("bench", "soak", "costmodel", "simulate", "sweep")}

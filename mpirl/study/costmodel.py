@@ -101,10 +101,14 @@ def _row(op: str, exchange: str, p: int, n: float, eager: float) -> list[float] 
 EAGER_CANDIDATES = [math.inf] + [float(1 << k) for k in range(12, 19)]
 
 
-def fit(table) -> tuple[Params, "np.ndarray"]:
+def fit(table, beta: float | None = None) -> tuple[Params, "np.ndarray"]:
     """Fit on a ``analysis.load_bench`` table; returns the parameters and a boolean mask
     of the rows used (those with a model, more than one rank, and a measurement).  The
-    eager limit is chosen among :data:`EAGER_CANDIDATES` by the smallest residual."""
+    eager limit is chosen among :data:`EAGER_CANDIDATES` by the smallest residual.
+
+    ``beta`` given (seconds per byte, e.g. from a link's rate: 8 / bits per second), it is
+    held there and only the other parameters are fitted (a network whose bandwidth is
+    known, with alpha, gamma and delta from what the CPU does)."""
     best = None
     for eager in EAGER_CANDIDATES:
         rows, times, used = [], [], np.zeros(len(table), dtype=bool)
@@ -121,7 +125,13 @@ def fit(table) -> tuple[Params, "np.ndarray"]:
             raise ValueError("no benchmark rows with a cost model (need 2+ ranks)")
         A, t = np.asarray(rows), np.asarray(times)
         weighted = A / t[:, None]         # relative error: minimise sum((A x - t) / t)^2
-        x = _nnls(weighted, np.ones(len(t)))
+        if beta is None:
+            x = _nnls(weighted, np.ones(len(t)))
+        else:                             # the bytes' term is known: fit what is left
+            free = [0, 2, 3, 4]
+            x = np.zeros(A.shape[1])
+            x[1] = beta
+            x[free] = _nnls(weighted[:, free], 1.0 - weighted[:, 1] * beta)
         residual = float(np.sum((weighted @ x - 1.0) ** 2))
         if best is None or residual < best[0] - 1e-12:
             best = (residual, Params(*x.tolist(), eager_bytes=eager), used)

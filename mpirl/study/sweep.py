@@ -1,4 +1,4 @@
-"""``python -m mpirl.sweep experiments/NAME.yaml --launcher local|slurm``: run a grid of runs.
+"""``python -m mpirl.sweep experiments/NAME.yaml --launcher local|slurm|cluster``: run a grid.
 
 A sweep definition is YAML::
 
@@ -287,9 +287,11 @@ def resume_argv(point: Point, sweep_dir: Path) -> list[str]:
 
 # -- local launcher ----------------------------------------------------------------------------
 def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point],
-              plans: dict[str, Plan]) -> list[str]:
+              plans: dict[str, Plan], cluster=None, per_node: int | None = None) -> list[str]:
     """Run the points one after another through mpiexec, resuming or restarting each as
-    ``plans`` says; return the names that failed."""
+    ``plans`` says; return the names that failed.  With ``cluster`` (an emulated
+    cluster, :mod:`mpirl.cluster`), each point runs across its nodes, ``per_node``
+    ranks on each (default: spread evenly)."""
     failed = []
     resumed = 0
     env = mpi_env({"PYTHONPATH": os.pathsep.join(filter(None, [str(_project_root()),
@@ -306,9 +308,16 @@ def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point],
                 print(f"sweep: {point.name}: not resumed, {plan.why}; restarting from scratch "
                       f"(unfinished earlier run kept in {moved})", flush=True)
         cmd = mpiexec_command(point.ranks, [sys.executable, *argv])
+        if cluster is not None:
+            from ..cluster.launch import mpiexec_argv  # noqa: PLC0415
+
+            cmd, job_env = mpiexec_argv(cluster, point.ranks, per_node,
+                                        [sys.executable, *argv])
+            env = {**job_env, "PYTHONPATH": env["PYTHONPATH"]}
         what = f" ({plan.describe()})" if plan.action == "resume" else ""
         print(f"sweep: [{i}/{len(todo)}] {point.name}{what} ... ", end="", flush=True)
         started = time.monotonic()
+        links_before = link_bytes(cluster) if cluster is not None else None
         with open(log, log_mode) as out:
             if plan.action == "resume":       # the interrupted attempt's output stays above
                 out.write(f"\nsweep: {plan.describe()}: {shlex.join(argv)}\n")
@@ -322,6 +331,8 @@ def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point],
                 proc.wait()
                 code = "timeout"
         took = time.monotonic() - started
+        if links_before is not None and point.run_dir(sweep_dir).is_dir():
+            write_links(point.run_dir(sweep_dir), cluster, links_before)
         if code == 0 and point.done(sweep_dir):
             print(f"done in {took:.0f} s", flush=True)
         else:
@@ -332,6 +343,22 @@ def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point],
     print(f"sweep: {len(todo)} point(s) run, {resumed} of them resumed from checkpoints, "
           f"{len(failed)} failed", flush=True)
     return failed
+
+
+def link_bytes(cluster) -> dict:
+    from ..cluster.net import link_bytes as read  # noqa: PLC0415
+
+    return read(cluster)
+
+
+def write_links(run_dir: Path, cluster, before: dict) -> None:
+    """``links.json`` in the run directory: bytes each node sent and received through its
+    link during the point (the launcher's own traffic included: a few KB)."""
+    after = link_bytes(cluster)
+    (run_dir / "links.json").write_text(json.dumps(
+        {"rate": cluster.rate, "nodes": {h: {k: after[h][k] - before[h][k]
+                                             for k in ("sent", "received")} for h in after}},
+        indent=1))
 
 
 def _project_root() -> Path:
@@ -483,9 +510,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpirl.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("definition", help="sweep YAML, e.g. experiments/topologies.yaml")
-    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+    parser.add_argument("--launcher", choices=("local", "slurm", "cluster"), default="local",
                         help="local: run the points here through mpiexec, one after another; "
-                             "slurm: write one batch script per point (and --submit them)")
+                             "slurm: write one batch script per point (and --submit them); "
+                             "cluster: as local, across the emulated cluster's nodes "
+                             "(python -m mpirl.cluster up)")
+    parser.add_argument("--cluster-name", default=os.environ.get("MPIRL_CLUSTER_NAME", "mpirl"),
+                        help="cluster launcher: which emulated cluster (default mpirl)")
+    parser.add_argument("--ranks-per-node", type=int, default=None,
+                        help="cluster launcher: ranks per node (default: spread evenly)")
     parser.add_argument("--out", default="runs/sweeps",
                         help="parent directory of the sweep's directory (default runs/sweeps)")
     parser.add_argument("--submit", action="store_true", help="slurm: sbatch the scripts")
@@ -516,7 +549,19 @@ def main(argv: list[str] | None = None) -> int:
                 state = plans[point.name].describe() if point.name in plans else "done"
                 print(f"  {point.name:40} {point.ranks:3} ranks  {state}")
             return 0
-        if args.launcher == "local":
+        if args.launcher == "cluster":
+            from ..cluster import ClusterError  # noqa: PLC0415
+            from ..cluster import load as load_cluster  # noqa: PLC0415
+            from ..cluster.launch import placement  # noqa: PLC0415
+
+            try:
+                cluster = load_cluster(args.cluster_name)
+                for point in sweep.points:           # every point fits, before any runs
+                    placement(cluster, point.ranks, args.ranks_per_node)
+            except ClusterError as err:
+                raise SweepError(str(err)) from None
+            failed = run_local(sweep, sweep_dir, todo, plans, cluster, args.ranks_per_node)
+        elif args.launcher == "local":
             failed = run_local(sweep, sweep_dir, todo, plans)
         else:
             failed = run_slurm(sweep, sweep_dir, todo, plans, submit=args.submit,

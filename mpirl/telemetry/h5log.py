@@ -263,7 +263,8 @@ def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: l
                        topology=config["topology"], env=config["env"],
                        config_json=json.dumps(config), hostnames_json=json.dumps(hostnames),
                        cores_per_node_json=json.dumps(cores_of), oversubscribed=oversubscribed,
-                       start_unix_s=time.time(), scheduler_json=json.dumps(scheduler_info()))
+                       start_unix_s=time.time(), scheduler_json=json.dumps(scheduler_info()),
+                       cluster_json=json.dumps(cluster_info(hostnames)))
         ranks = f.create_group("ranks")
         for r in range(world_size):
             ranks[f"{r:04d}"] = h5py.ExternalLink(f"rank{r:04d}.h5", "/")
@@ -280,6 +281,20 @@ def scheduler_info() -> dict:
     return {k: os.environ[k] for k in SCHEDULER_VARS if k in os.environ}
 
 
+def cluster_info(hostnames: list[str]) -> dict:
+    """Where the ranks ran: the emulated cluster's description when launched on one
+    (``MPIRL_CLUSTER``, set by ``python -m mpirl.cluster``: its name, the nodes of the
+    job, the link cap, the MPI) and, always, how many ranks each host had."""
+    try:
+        info = json.loads(os.environ.get("MPIRL_CLUSTER", "{}"))
+    except json.JSONDecodeError:
+        info = {}
+    per_host: dict[str, int] = {}
+    for host in hostnames:
+        per_host[host] = per_host.get(host, 0) + 1
+    return {**info, "ranks_on": per_host}
+
+
 def finish_run_file(run_dir: Path, totals: dict) -> None:
     """The writing rank, at the end: the end time and the gradient totals."""
     with h5py.File(run_file(run_dir), "a", libver=LIBVER, locking=False) as f:
@@ -291,19 +306,24 @@ def write_bench_file(path: Path, rows: np.ndarray, *, op: str, world_size: int,
                      rounds: int) -> None:
     """A benchmark's results: attrs ``kind`` (= ``mpirl.bench``), ``schema``, ``op`` (the
     ops measured, comma-separated), ``world_size``, ``mpi_library``, ``hostnames_json``,
-    ``oversubscribed``, ``rounds``, ``git_commit``, ``unix_s``; dataset ``results`` of
+    ``oversubscribed``, ``rounds``, ``git_commit``, ``unix_s``, ``cluster_json`` (as
+    run.h5's); dataset ``results`` of
     :data:`~mpirl.telemetry.schema.BENCH_DTYPE` rows."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(path, "w", libver=LIBVER) as f:
         f.attrs.update(kind=BENCH_KIND, schema=SCHEMA_VERSION, op=op, world_size=world_size,
                        mpi_library=mpi_library, hostnames_json=json.dumps(hostnames),
                        oversubscribed=_oversubscribed(hostnames, cores), rounds=rounds,
-                       git_commit=git_commit(), unix_s=time.time())
+                       git_commit=git_commit(), unix_s=time.time(),
+                       cluster_json=json.dumps(cluster_info(hostnames)))
         f.create_dataset("results", data=rows.astype(BENCH_DTYPE))
 
 
 def _oversubscribed(hostnames: list[str], cores: list[int]) -> bool:
-    """True when some node ran more ranks than it has cores."""
+    """True when some node ran more ranks than it has cores.  The nodes of an emulated
+    cluster (``MPIRL_CLUSTER`` set) share one machine's cores: there, all ranks count."""
+    if os.environ.get("MPIRL_CLUSTER"):
+        return len(hostnames) > max(cores)
     per_node: dict[str, int] = {}
     for host in hostnames:
         per_node[host] = per_node.get(host, 0) + 1

@@ -244,7 +244,8 @@ def find_bench(*paths: str | Path) -> list[Path]:
 
 def load_bench(*paths: str | Path) -> pd.DataFrame:
     """Every benchmark result under ``paths`` as one table: one row per file, topology and
-    size, with ``op``, ``ranks``, ``oversubscribed`` and ``file`` columns."""
+    size, with ``op``, ``ranks``, ``oversubscribed``, ``nodes`` (hosts the ranks ran on),
+    ``rate`` (an emulated cluster's link cap, else "") and ``file`` columns."""
     tables = []
     for path in find_bench(*paths):
         with h5py.File(path, "r") as f:
@@ -256,6 +257,9 @@ def load_bench(*paths: str | Path) -> pd.DataFrame:
                 t["op"] = f.attrs["op"]
             t["ranks"] = int(f.attrs["world_size"])
             t["oversubscribed"] = bool(f.attrs["oversubscribed"])
+            cluster = json.loads(f.attrs.get("cluster_json", "{}"))
+            t["nodes"] = len(cluster.get("ranks_on", {})) or 1
+            t["rate"] = cluster.get("rate", "")     # an emulated cluster's link cap
             t["file"] = str(path)
         tables.append(t)
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()

@@ -8,6 +8,8 @@ Layout of a run directory:
     configuration), ``hostnames_json`` (one per rank), ``cores_per_node_json``,
     ``oversubscribed`` (bool: ranks outnumbered cores on some node; timings suspect),
     ``scheduler_json`` (Slurm job id, name, nodes... when run under Slurm; else ``{}``),
+    ``cluster_json`` (``ranks_on``: ranks per host; on an emulated cluster also its
+    ``name``, the job's ``nodes``, the link cap ``rate``, ``ranks_per_node``, ``mpi``),
     ``start_unix_s``, ``end_unix_s`` (absent if the run did not finish),
     ``gradients_sent`` / ``gradients_applied`` / ``gradients_dropped`` (at the end),
     ``ranks_failed_json`` (launch ranks lost and survived, ``--on-failure shrink``).

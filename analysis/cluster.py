@@ -1,0 +1,292 @@
+"""Figures and tables of the emulated-cluster benchmark (experiments/bench_cluster.py).
+
+    python -m analysis.cluster runs/cluster_bench -o docs/figures/cluster
+
+Writes ``latency.png`` (allreduce time vs size per exchange, at each cap, one rank per
+node, with the alpha-beta-gamma model fitted on that layout and cap drawn dashed),
+``bottleneck.png`` (bytes through each node's link per 4 MiB allreduce, and the time
+of each topology against its bandwidth term: star 2(N-1), tree 2 log N, butterfly
+log N, ring 2(N-1)/N times n / link rate), ``results.md`` (the tables) and
+``costmodel.csv`` (each measurement beside its prediction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mpirl.cluster.net import bits_per_s
+from mpirl.study.costmodel import coefficients, errors, fit
+from mpirl.telemetry.read import load_bench
+
+TOPOLOGIES = ["star", "tree", "butterfly", "ring"]
+COLOURS = {"native": "black", "star": "tab:red", "tree": "tab:orange",
+           "butterfly": "tab:blue", "ring": "tab:green"}
+RATE_ORDER = {"100mbit": 0, "1gbit": 1, "off": 2}
+#: smallest message the capped fits use
+FIT_FROM = 64 << 10
+
+
+def bandwidth_term(topology: str, p: int, nbytes: float, rate: str) -> float:
+    """Seconds for the bytes on the topology's critical path at the link cap alone."""
+    _, moved, _, _ = coefficients("allreduce", topology, p, nbytes)
+    return moved * 8 / bits_per_s(rate)
+
+
+def load(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    bench = load_bench(folder)
+    if bench.empty:
+        raise SystemExit(f"analysis.cluster: error: no bench files under {folder} (run "
+                         "experiments/bench_cluster.py)")
+    bench = bench[bench["op"] == "allreduce"].copy()
+    links_path = folder / "links.json"
+    links = pd.DataFrame(json.loads(links_path.read_text())) if links_path.exists() \
+        else pd.DataFrame()
+    return bench, links
+
+
+def fitted(bench: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Each (layout, cap) with its own fit; every row with ``predicted_s``/``rel_error``,
+    and the fitted parameters by (nodes, ranks, cap)."""
+    parts, fits = [], {}
+    for key, part in bench.groupby(["nodes", "ranks", "rate"]):
+        # under a cap: beta from the link (8 / rate), the rest (alpha, gamma, delta) fitted
+        # where the claim is made, from 64 KiB up (smaller messages ride the token
+        # bucket's burst, docs/cluster.md); uncapped, all four fitted on everything
+        if key[2] != "off":
+            params, _ = fit(part[part["bytes"] >= FIT_FROM], beta=8 / bits_per_s(key[2]))
+        else:
+            params, _ = fit(part)
+        fits[tuple(key)] = params
+        out = errors(params, part)
+        out["beta_gbit"] = 8 / params.beta / 1e9 if params.beta else np.nan
+        parts.append(out)
+    return pd.concat(parts, ignore_index=True), fits
+
+
+def training(folders: list[str], fits: dict) -> pd.DataFrame:
+    """Each finished run under ``folders`` (sweeps run with ``--launcher cluster``): its
+    throughput, the bytes through the links per env step, and, for the modes the
+    simulator models, its updates/s predicted by :func:`mpirl.study.simulate.validate`
+    with the cost model fitted on the bench at the same nodes and cap."""
+    from mpirl.study.simulate import SIMULATED, validate
+    from mpirl.telemetry.read import find_runs
+
+    rows = []
+    for run in find_runs(*folders):
+        if not (run / "summary.json").is_file() or not (run / "links.json").is_file():
+            continue
+        s = json.loads((run / "summary.json").read_text())
+        links = json.loads((run / "links.json").read_text())
+        sent = sum(n["sent"] for n in links["nodes"].values())
+        row = {"run": run.name, "rate": links["rate"], "mode": s["mode"],
+               "topology": s["topology"], "ranks": s["ranks"],
+               "gradient_bytes": s.get("gradient_bytes"),
+               "env_steps_per_s": s["env_steps"] / s["wall_s"],
+               "updates_per_s": s["updates"] / s["wall_s"],
+               "link_bytes_per_env_step": sent / s["env_steps"],
+               "final_return": s.get("final_mean_return")}
+        params = fits.get((s["ranks"], s["ranks"], links["rate"]))
+        if s["mode"] in SIMULATED and params is not None:
+            check = validate(params, run)
+            row.update(predicted_updates_per_s=check["predicted_updates_per_s"],
+                       sim_error=check["error"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def training_tables(runs: pd.DataFrame) -> str:
+    lines = ["## Training on the cluster (experiments/cluster_training.yaml; 1 rank per node)",
+             "", "| cap | mode | topology | ranks | env steps/s | updates/s | link bytes per "
+             "env step | simulated updates/s | simulator error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs.sort_values(["rate", "mode", "ranks", "topology"]).itertuples():
+        sim = getattr(r, "predicted_updates_per_s", np.nan)
+        err = getattr(r, "sim_error", np.nan)
+        lines.append(f"| {r.rate} | {r.mode} | {r.topology} | {r.ranks} | "
+                     f"{r.env_steps_per_s:.0f} | {r.updates_per_s:.2f} | "
+                     f"{r.link_bytes_per_env_step:,.0f} | "
+                     f"{'' if np.isnan(sim) else f'{sim:.2f}'} | "
+                     f"{'' if np.isnan(err) else f'{100 * err:+.1f}%'} |")
+    return "\n".join(lines) + "\n"
+
+
+def latency_figure(table: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    one_per_node = table[table["nodes"] == table["ranks"]]
+    layouts = sorted(one_per_node["nodes"].unique())
+    rates = sorted(one_per_node["rate"].unique(), key=RATE_ORDER.get)
+    fig, axes = plt.subplots(len(layouts), len(rates), figsize=(4.2 * len(rates),
+                             3.4 * len(layouts)), squeeze=False, sharex=True)
+    for i, nodes in enumerate(layouts):
+        for j, rate in enumerate(rates):
+            ax = axes[i][j]
+            cell = one_per_node[(one_per_node["nodes"] == nodes) & (one_per_node["rate"] == rate)]
+            for topo in ["native", *TOPOLOGIES]:
+                rows = cell[cell["topology"] == topo].sort_values("bytes")
+                if rows.empty:
+                    continue
+                ax.loglog(rows["bytes"], rows["avg_s"] * 1e3, "o-", color=COLOURS[topo],
+                          label=topo, ms=3)
+                if topo != "native":
+                    ax.loglog(rows["bytes"], rows["predicted_s"] * 1e3, "--",
+                              color=COLOURS[topo], lw=1)
+            ax.set_title(f"{nodes} nodes x 1 rank, cap {rate}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("allreduce time (ms)")
+            if i == len(layouts) - 1:
+                ax.set_xlabel("message size (bytes)")
+    axes[0][0].legend(fontsize=7, title="measured; model dashed", title_fontsize=7)
+    fig.suptitle("Allreduce on the emulated cluster: measured (solid) and alpha-beta-gamma "
+                 "model fitted per panel (dashed)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def bottleneck_figure(links: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    capped = links[(links["rate"] == "1gbit") & (links["ranks_per_node"] == 1)]
+    layouts = sorted(n for n in capped["nodes"].unique() if n >= 4) or \
+        sorted(capped["nodes"].unique())     # (2 nodes: every link alike)
+    fig, axes = plt.subplots(1, len(layouts) + 1, figsize=(4.4 * (len(layouts) + 1), 3.6))
+    for ax, nodes in zip(axes, layouts, strict=False):
+        cell = capped[capped["nodes"] == nodes]
+        hosts = [f"node{i}" for i in range(nodes)]
+        width = 0.8 / len(TOPOLOGIES)
+        for k, topo in enumerate(TOPOLOGIES):
+            row = cell[cell["topology"] == topo]
+            if row.empty:
+                continue
+            row = row.iloc[0]
+            per_call = [(row["sent"][h] + row["received"][h]) / row["calls"] / 2**20
+                        for h in hosts]
+            ax.bar(np.arange(nodes) + (k - 1.5) * width, per_call, width,
+                   color=COLOURS[topo], label=topo)
+        ax.set_xticks(range(nodes), [h.replace("node", "n") for h in hosts])
+        ax.set_ylabel("MiB through the link per 4 MiB allreduce\n(sent + received)")
+        ax.set_title(f"{nodes} nodes, 1 rank each (node0: the root)", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    ax = axes[-1]
+    for topo in TOPOLOGIES:
+        for rate, marker in (("100mbit", "s"), ("1gbit", "o")):
+            rows = links[(links["topology"] == topo) & (links["rate"] == rate)
+                         & (links["ranks_per_node"] == 1)].sort_values("nodes")
+            if rows.empty:
+                continue
+            theory = [bandwidth_term(topo, n, b, rate) for n, b in zip(rows["nodes"],
+                                                                         rows["bytes"],
+                                                                         strict=True)]
+            ax.plot(rows["nodes"], rows["median_s"] / np.array(theory), marker + "-",
+                    color=COLOURS[topo], label=f"{topo} {rate}")
+    ax.axhline(1.0, color="grey", lw=1)
+    ax.set_xlabel("nodes (1 rank each)")
+    ax.set_ylabel("measured / bandwidth term")
+    ax.set_title("4 MiB allreduce: time over n/rate x (star 2(N-1), tree 2 log N,\n"
+                 "butterfly log N, ring 2(N-1)/N)", fontsize=8)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def tables(table: pd.DataFrame, links: pd.DataFrame) -> str:
+    lines = ["# Emulated cluster: allreduce by topology (experiments/bench_cluster.py)", ""]
+    for size in (1 << 20, 4 << 20):
+        lines += [f"## Allreduce of {size >> 20} MiB, ms (mpirl.bench, best of 2 rounds)", "",
+                  "| layout | cap | native | star | tree | butterfly | ring | star/ring |",
+                  "|---|---|---|---|---|---|---|---|"]
+        cells = table[table["bytes"] == size]
+        for (nodes, ranks, rate), part in sorted(
+                cells.groupby(["nodes", "ranks", "rate"]),
+                key=lambda kv: (kv[0][0], kv[0][1], RATE_ORDER[kv[0][2]])):
+            t = part.set_index("topology")["avg_s"] * 1e3
+            vals = " | ".join(f"{t.get(x, np.nan):.1f}" for x in ["native", *TOPOLOGIES])
+            lines.append(f"| {nodes} nodes x {ranks // nodes} | {rate} | {vals} | "
+                         f"{t.get('star', np.nan) / t.get('ring', np.nan):.2f} |")
+        lines.append("")
+    lines += ["## Cost model at 1 Gbit/s: largest |predicted/measured - 1| per topology", "",
+              "beta from the link (8 ns per byte), alpha, gamma and delta fitted per layout "
+              "by non-negative least squares on relative error (mpirl.costmodel.fit with "
+              "beta held), on that layout's measurements from 64 KiB up; each cell: from "
+              "64 KiB up / from 256 KiB up; one rank per node (the model has no notion of a "
+              "node: with 2 ranks per node some messages never leave it).", "",
+              "| layout | " + " | ".join(TOPOLOGIES) + " | worst |",
+              "|---|" + "---|" * (len(TOPOLOGIES) + 1)]
+    # one rank per node only: the model counts every message as crossing a link
+    at_gbit = table[(table["rate"] == "1gbit") & (table["bytes"] >= FIT_FROM)
+                    & (table["nodes"] == table["ranks"])]
+    for (nodes, ranks), part in at_gbit.groupby(["nodes", "ranks"]):
+        cells, worst = [], [0.0, 0.0]
+        for x in TOPOLOGIES:
+            rows = part[part["topology"] == x]
+            errs = [rows["rel_error"].abs().max() * 100,
+                    rows[rows["bytes"] >= 256 << 10]["rel_error"].abs().max() * 100]
+            worst = [max(w, e) for w, e in zip(worst, errs, strict=True)]
+            cells.append(f"{errs[0]:.0f}% / {errs[1]:.0f}%")
+        lines.append(f"| {nodes} nodes x {ranks // nodes} | " + " | ".join(cells)
+                     + f" | {worst[0]:.0f}% / {worst[1]:.0f}% |")
+    lines.append("")
+    if not links.empty:
+        lines += ["## Bytes through the links, per 4 MiB allreduce (MiB, sent + received)", "",
+                  "| layout | cap | topology | node0 (root) | other links, mean | root / other "
+                  "| ms | bandwidth term ms |", "|---|---|---|---|---|---|---|---|"]
+        for r in links.sort_values(["nodes", "ranks", "rate", "topology"]).itertuples():
+            hosts = sorted(r.sent)
+            per = {h: (r.sent[h] + r.received[h]) / r.calls / 2**20 for h in hosts}
+            others = np.mean([per[h] for h in hosts if h != "node0"])
+            theory = "" if r.ranks_per_node != 1 or r.rate == "off" or r.topology == "native" \
+                else f"{bandwidth_term(r.topology, r.nodes, r.bytes, r.rate) * 1e3:.0f}"
+            lines.append(f"| {r.nodes} nodes x {r.ranks_per_node} | {r.rate} | {r.topology} | "
+                         f"{per['node0']:.1f} | {others:.1f} | {per['node0'] / others:.2f} | "
+                         f"{r.median_s * 1e3:.0f} | {theory} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", help="experiments/bench_cluster.py --out folder")
+    parser.add_argument("-o", "--out", default="figures/cluster")
+    parser.add_argument("--training", nargs="*", default=[], metavar="SWEEP_DIR",
+                        help="sweeps of experiments/cluster_training.yaml run with "
+                             "--launcher cluster: their table, with simulator errors")
+    args = parser.parse_args(argv)
+    bench, links = load(Path(args.folder))
+    table, fits = fitted(bench)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    latency_figure(table, out / "latency.png")
+    if not links.empty:
+        bottleneck_figure(links, out / "bottleneck.png")
+    text = tables(table, links)
+    if args.training:
+        runs = training(args.training, fits)
+        if not runs.empty:
+            text += "\n" + training_tables(runs)
+            runs.to_csv(out / "training.csv", index=False)
+    (out / "results.md").write_text(text)
+    (out / "params.json").write_text(json.dumps(
+        {f"{n}n-{r}r-{rate}": p.as_dict() for (n, r, rate), p in fits.items()}, indent=1))
+    table.drop(columns=["file"]).to_csv(out / "costmodel.csv", index=False)
+    print(text)
+    print(f"wrote {out}/latency.png, bottleneck.png, results.md, costmodel.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

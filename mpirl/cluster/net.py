@@ -1,0 +1,406 @@
+"""The emulated cluster's network: nodes as Linux network namespaces on one bridge.
+
+Layout (all of it inside namespaces this module creates; nothing is attached to the
+machine's own namespace, so no address of it changes)::
+
+    <name>-switch          a namespace holding the bridge ``br0`` and one veth end
+                           ``v<i>`` per node (the switch's port)
+    <name>-node<i>         node i: loopback and a veth ``eth0`` (the node's NIC) on the
+                           bridge, address <subnet>.<i+1>/24, hostname ``node<i>`` for
+                           the processes the launcher starts there
+    <name>-login           the login node, <subnet>.254: where ``mpiexec``, slurmctld
+                           and Slurm's clients run, so that killing or cutting off a
+                           compute node never takes the launcher with it
+
+A link cap is a token-bucket filter (tc ``tbf``) on both ends of a node's link: egress of
+the node's ``eth0`` caps what it sends, egress of the switch's ``v<i>`` what it
+receives, so a node's link carries at most RATE each way, as a full-duplex NIC does.
+There is no ``netem`` on these machines: latency, jitter and loss cannot be added, only
+bandwidth capped.
+
+The cluster's description lives in ``/run/<name>-cluster/cluster.json`` (tmpfs: gone at
+reboot, as the namespaces are), with the hydra/PRRTE launch agent and the Slurm files.
+:func:`down` finds everything by name (namespaces ``<name>-*``, the state directory,
+daemons in those namespaces), not only through that file, so a crashed :func:`up`
+leaves nothing behind after it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: the cluster's name when none is given (``--name`` or ``MPIRL_CLUSTER_NAME``)
+DEFAULT_NAME = "mpirl"
+#: a private /24 used only inside the cluster's own namespaces
+DEFAULT_SUBNET = "10.231.0.0/24"
+MAX_NODES = 64
+#: the login node's host number in the subnet
+LOGIN_HOST = 254
+STATE_ROOT = Path(os.environ.get("MPIRL_CLUSTER_STATE_ROOT", "/run"))
+RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
+RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,11}$")
+
+
+class ClusterError(Exception):
+    """A one-line reason the cluster tool cannot do what was asked."""
+
+
+@dataclass
+class Cluster:
+    """What ``up`` made: enough to launch on it, show it and take it down."""
+    name: str
+    nodes: int
+    rate: str                    # "off" or tc's spelling, e.g. "100mbit"
+    subnet: str
+    slurm: bool = False
+    created_unix_s: float = field(default_factory=time.time)
+
+    @property
+    def state_dir(self) -> Path:
+        return state_dir(self.name)
+
+    @property
+    def switch(self) -> str:
+        return f"{self.name}-switch"
+
+    def hosts(self) -> list[str]:
+        return [f"node{i}" for i in range(self.nodes)]
+
+    def namespace(self, host: str) -> str:
+        return f"{self.name}-{host}"
+
+    def address(self, i: int) -> str:
+        return str(ipaddress.ip_network(self.subnet)[i + 1])
+
+    @property
+    def login(self) -> str:
+        return f"{self.name}-login"
+
+    @property
+    def login_address(self) -> str:
+        return str(ipaddress.ip_network(self.subnet)[LOGIN_HOST])
+
+    def describe(self) -> dict:
+        """What a run records of where it ran (``cluster_json`` of run.h5)."""
+        return {"name": self.name, "nodes": self.hosts(), "rate": self.rate,
+                "subnet": self.subnet}
+
+
+def state_dir(name: str) -> Path:
+    return STATE_ROOT / f"{name}-cluster"
+
+
+def bits_per_s(rate: str) -> float | None:
+    """``"100mbit"`` -> 1e8; ``"off"`` -> None."""
+    if rate == "off":
+        return None
+    m = RATE_RE.match(rate)
+    return float(m.group(1)) * RATE_UNITS[m.group(2)]
+
+
+def spell_rate(bits: float) -> str:
+    """1e9 -> "1gbit", 1e8 -> "100mbit" (tc's units)."""
+    for unit in ("gbit", "mbit", "kbit"):
+        if bits >= RATE_UNITS[unit]:
+            return f"{bits / RATE_UNITS[unit]:g}{unit}"
+    return f"{bits:g}bit"
+
+
+def check_rate(rate: str) -> str:
+    rate = rate.strip().lower()
+    if rate in ("off", "none", "0"):
+        return "off"
+    m = RATE_RE.match(rate)
+    if not m or float(m.group(1)) <= 0:
+        raise ClusterError(f"--rate {rate!r}; allowed: off, or a positive number with kbit, "
+                           "mbit or gbit (e.g. 100mbit, 1gbit)")
+    return rate
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise ClusterError(f"--name {name!r}; allowed: a lower-case letter then up to 11 "
+                           "letters or digits (namespace names are <name>-node<i>)")
+    return name
+
+
+def check_subnet(subnet: str) -> str:
+    try:
+        net = ipaddress.ip_network(subnet)
+    except ValueError as err:
+        raise ClusterError(f"--subnet {subnet!r}: {err}; allowed: a private IPv4 /24, "
+                           f"e.g. {DEFAULT_SUBNET}") from None
+    if net.version != 4 or net.prefixlen != 24 or not net.is_private:
+        raise ClusterError(f"--subnet {subnet}; allowed: a private IPv4 /24, "
+                           f"e.g. {DEFAULT_SUBNET}")
+    return str(net)
+
+
+def check_can_build() -> None:
+    """Root, iproute2 and tc are needed: say which is missing, in one line."""
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        raise ClusterError("the emulated cluster needs root (network namespaces, veth "
+                           "links and tc qdiscs); run it as root")
+    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        raise ClusterError(f"the emulated cluster needs {', '.join(missing)} on PATH "
+                           "(Debian: apt-get install iproute2 util-linux)")
+
+
+# -- commands ----------------------------------------------------------------------------
+def sh(*argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    """Run one command (no shell), its output captured; a failure raises ClusterError
+    with the command and its first line of error."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"`{' '.join(argv)}` did not finish within {timeout:g} s") from None
+    if check and done.returncode != 0:
+        err = (done.stderr or done.stdout).strip().splitlines()
+        raise ClusterError(f"`{' '.join(argv)}` failed: {err[0] if err else done.returncode}")
+    return done
+
+
+def in_ns(ns: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return sh("ip", "netns", "exec", ns, *argv, check=check)
+
+
+def namespaces(name: str) -> list[str]:
+    """The namespaces of cluster ``name`` that exist now."""
+    out = sh("ip", "netns", "list", check=False).stdout
+    found = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [ns for ns in found
+            if ns in (f"{name}-switch", f"{name}-login") or re.fullmatch(rf"{name}-node\d+", ns)]
+
+
+def load(name: str) -> Cluster:
+    """The cluster ``name`` as ``up`` described it; ClusterError when it is not up."""
+    path = state_dir(name) / "cluster.json"
+    try:
+        spec = Cluster(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise ClusterError(f"cluster {name!r} is not up (no {path}); start it with "
+                           f"python -m mpirl.cluster up --nodes K") from None
+    missing = [ns for ns in [spec.switch, spec.login, *map(spec.namespace, spec.hosts())]
+               if ns not in namespaces(name)]
+    if missing:
+        raise ClusterError(f"cluster {name!r} is broken: namespace(s) {', '.join(missing)} "
+                           "are gone; run python -m mpirl.cluster down, then up")
+    return spec
+
+
+# -- up ----------------------------------------------------------------------------------
+#: the token bucket holds 1 ms of traffic at the cap (at least 32 KiB).  Measured on
+#: 2 cores, 4 nodes at 1 Gbit/s, 1 MiB allreduce: a 128 KiB bucket gives the cap's rate
+#: (ring 12.9 ms, bandwidth term 12.6 ms); 64, 32 and 16 KiB buckets fall to 2.1, 3.0 and
+#: 3.9x slower (timer and TCP pacing).  The price: a message of up to about one bucket
+#: leaves at the veth's own speed, as if the NIC had a 1 ms burst buffer.
+TBF_BUCKET_S = 1e-3
+TBF_MIN_BUCKET = 32 * 1024
+
+
+def tbf_args(rate: str) -> list[str]:
+    """tc's tbf for ``rate``: a bucket of :data:`TBF_BUCKET_S` of traffic, at most 50 ms
+    of queue."""
+    bucket = max(TBF_MIN_BUCKET, int(bits_per_s(rate) / 8 * TBF_BUCKET_S))
+    return ["tbf", "rate", rate, "burst", str(bucket), "latency", "50ms"]
+
+
+def set_rate(spec: Cluster, rate: str) -> None:
+    """Cap every node's link at ``rate`` each way (``off``: remove the caps)."""
+    rate = check_rate(rate)
+    for i, host in enumerate(spec.hosts()):
+        for ns, dev in ((spec.namespace(host), "eth0"), (spec.switch, f"v{i}")):
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root",
+               check=False)
+            if rate != "off":
+                in_ns(ns, "tc", "qdisc", "add", "dev", dev, "root", *tbf_args(rate))
+    spec.rate = rate
+    save(spec)
+
+
+def save(spec: Cluster) -> None:
+    spec.state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = spec.state_dir / "cluster.json.tmp"
+    tmp.write_text(json.dumps(asdict(spec), indent=1))
+    tmp.replace(spec.state_dir / "cluster.json")
+
+
+def up(name: str, nodes: int, rate: str, subnet: str = DEFAULT_SUBNET) -> Cluster:
+    """Create the cluster; on any failure, take down what was made and raise."""
+    name, rate, subnet = check_name(name), check_rate(rate), check_subnet(subnet)
+    if not 1 <= nodes <= MAX_NODES:  # (host numbers 1..64, the login node 254)
+        raise ClusterError(f"--nodes {nodes}; allowed: 1 to {MAX_NODES}")
+    check_can_build()
+    if (state_dir(name) / "cluster.json").exists() or namespaces(name):
+        raise ClusterError(f"cluster {name!r} is already up (or left over from a crash); "
+                           "run python -m mpirl.cluster down first")
+    spec = Cluster(name=name, nodes=nodes, rate="off", subnet=subnet)
+    try:
+        sh("ip", "netns", "add", spec.switch)
+        in_ns(spec.switch, "ip", "link", "add", "br0", "type", "bridge")
+        in_ns(spec.switch, "ip", "link", "set", "br0", "up")
+        for ns, port, address in [(spec.login, "vlogin", spec.login_address),
+                                  *((spec.namespace(h), f"v{i}", spec.address(i))
+                                    for i, h in enumerate(spec.hosts()))]:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth",
+               "peer", "name", port, "netns", spec.switch)
+            in_ns(ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
+            in_ns(ns, "ip", "link", "set", "lo", "up")
+            in_ns(ns, "ip", "link", "set", "eth0", "up")
+            in_ns(spec.switch, "ip", "link", "set", port, "master", "br0")
+            in_ns(spec.switch, "ip", "link", "set", port, "up")
+        save(spec)
+        write_agent(spec)
+        if rate != "off":
+            try:
+                set_rate(spec, rate)
+            except ClusterError as err:
+                raise ClusterError(f"{err} (the link cap needs the kernel's tbf qdisc, "
+                                   "module sch_tbf)") from None
+    except BaseException:
+        down(name)
+        raise
+    return spec
+
+
+def write_agent(spec: Cluster) -> Path:
+    """The launch agent hydra (``-launcher-exec``) and PRRTE (``plm_ssh_agent``) call
+    in place of ssh: ``agent [ssh options] HOST COMMAND...`` runs COMMAND on HOST, in
+    its namespace, under its own hostname (a UTS namespace: Open MPI tells nodes apart
+    by hostname)."""
+    hosts = " ".join(spec.hosts())
+    text = f"""#!/bin/sh
+# launch agent of the emulated cluster {spec.name!r} (written by python -m mpirl.cluster up)
+while [ $# -gt 0 ] && [ "${{1#-}}" != "$1" ]; do
+    case "$1" in -o|-p|-l|-i|-F) shift ;; esac
+    shift
+done
+host="$1"; shift
+case " {hosts} " in *" $host "*) ;; *)
+    echo "mpirl cluster agent: no node $host in cluster {spec.name} (nodes: {hosts})" >&2
+    exit 255 ;;
+esac
+exec ip netns exec "{spec.name}-$host" unshare --uts -- \\
+    sh -c 'hostname "$0" && eval "$1"' "$host" "$*"
+"""
+    path = spec.state_dir / "agent"
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+# -- down --------------------------------------------------------------------------------
+def pids_in(ns: str) -> list[int]:
+    out = sh("ip", "netns", "pids", ns, check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_namespace(ns: str, sig: int = signal.SIGKILL, wait_s: float = 5.0) -> list[int]:
+    """Send ``sig`` to every process in ``ns``; wait up to ``wait_s`` for them to go.
+    Returns the pids signalled."""
+    pids = pids_in(ns)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while pids_in(ns) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pids
+
+
+def down(name: str) -> list[str]:
+    """Remove cluster ``name``: its daemons and every process in its namespaces, the
+    namespaces (and with them the links) and the state directory.  Idempotent: returns
+    what was removed ([] when nothing was there)."""
+    check_name(name)
+    from . import slurm  # noqa: PLC0415 (slurm imports this module)
+
+    removed = slurm.stop(name)
+    for ns in namespaces(name):
+        kill_namespace(ns)
+        sh("ip", "netns", "del", ns, check=False)
+        removed.append(ns)
+    if state_dir(name).exists():
+        shutil.rmtree(state_dir(name), ignore_errors=True)
+        removed.append(str(state_dir(name)))
+    return removed
+
+
+# -- status ------------------------------------------------------------------------------
+def link_bytes(spec: Cluster) -> dict[str, dict[str, int]]:
+    """Bytes through each node's link since ``up``: ``sent`` (node -> switch) and
+    ``received`` (switch -> node), read at the switch's port."""
+    out = in_ns(spec.switch, "ip", "-j", "-s", "link", "show").stdout
+    ports = {e["ifname"]: e["stats64"] for e in json.loads(out) if "stats64" in e}
+    result = {}
+    for i, host in enumerate(spec.hosts()):
+        stats = ports.get(f"v{i}", {"rx": {"bytes": 0}, "tx": {"bytes": 0}})
+        result[host] = {"sent": int(stats["rx"]["bytes"]), "received": int(stats["tx"]["bytes"])}
+    return result
+
+
+def link_caps(spec: Cluster) -> dict[str, str]:
+    """The cap tc reports on each node's eth0 ("off" where none)."""
+    caps = {}
+    for host in spec.hosts():
+        out = in_ns(spec.namespace(host), "tc", "-j", "qdisc", "show", "dev", "eth0").stdout
+        rate = "off"
+        for q in json.loads(out or "[]"):
+            if q.get("kind") == "tbf":
+                rate = spell_rate(q["options"]["rate"] * 8)
+        caps[host] = rate
+    return caps
+
+
+def link_state(spec: Cluster) -> dict[str, str]:
+    """``up`` or ``down`` for each node's link (a cut link is down at the switch)."""
+    out = in_ns(spec.switch, "ip", "-j", "link", "show").stdout
+    flags = {e["ifname"]: e.get("flags", []) for e in json.loads(out)}
+    return {host: "up" if "UP" in flags.get(f"v{i}", []) else "down"
+            for i, host in enumerate(spec.hosts())}
+
+
+def status(name: str) -> dict:
+    spec = load(name)
+    from . import slurm  # noqa: PLC0415
+
+    caps, traffic, links = link_caps(spec), link_bytes(spec), link_state(spec)
+    return {"name": spec.name, "rate": spec.rate, "subnet": spec.subnet,
+            "slurm": slurm.status(spec) if spec.slurm else None,
+            "nodes": [{"host": host, "namespace": spec.namespace(host),
+                       "address": spec.address(i), "cap": caps[host], "link": links[host],
+                       "processes": len(pids_in(spec.namespace(host))), **traffic[host]}
+                      for i, host in enumerate(spec.hosts())]}
+
+
+# -- faults ------------------------------------------------------------------------------
+def cut(spec: Cluster, host: str, restore: bool = False) -> None:
+    """Take node ``host``'s link down at the switch (``restore``: up again)."""
+    i = node_index(spec, host)
+    in_ns(spec.switch, "ip", "link", "set", f"v{i}", "up" if restore else "down")
+
+
+def kill_node(spec: Cluster, host: str) -> list[int]:
+    """SIGKILL every process on node ``host`` (a node that lost power)."""
+    node_index(spec, host)
+    return kill_namespace(spec.namespace(host))
+
+
+def node_index(spec: Cluster, host: str) -> int:
+    if host not in spec.hosts():
+        raise ClusterError(f"no node {host!r}; allowed: {', '.join(spec.hosts())}")
+    return spec.hosts().index(host)
