@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from .net import Cluster, ClusterError, pids_in
+from .slurm import DAEMONS
 
 #: MPICH's settings for the links (the user's own values win)
 MPICH_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
@@ -172,8 +173,7 @@ class NodeWatch:
                 continue
             try:
                 host = self._inode.get(os.stat(f"/proc/{entry.name}/ns/net").st_ino)
-                if host and host not in busy and \
-                        Path(f"/proc/{entry.name}/comm").read_text().strip() not in _daemons():
+                if host and host not in busy and is_job_process(entry.name):
                     busy.add(host)
             except OSError:
                 continue
@@ -217,12 +217,6 @@ class NodeWatch:
         return lines
 
 
-def _daemons() -> tuple[str, ...]:
-    from .slurm import DAEMONS  # noqa: PLC0415
-
-    return DAEMONS
-
-
 def cut_off(spec: Cluster, hosts: list[str], per_node: int, nranks: int) -> list[str]:
     """One line per node of the job whose link is down now (what the launcher knows
     that no rank can tell: a rank blocked on a peer behind a cut link only sees silence)."""
@@ -255,14 +249,12 @@ def _kill_job(spec: Cluster, proc: subprocess.Popen) -> None:
 
 def job_pids(ns: str) -> list[int]:
     """Processes in ``ns`` that are not the cluster's own daemons (slurmd and its kind)."""
-    from .slurm import DAEMONS  # noqa: PLC0415
+    return [pid for pid in pids_in(ns) if is_job_process(pid)]
 
-    pids = []
-    for pid in pids_in(ns):
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            continue
-        if comm not in DAEMONS:
-            pids.append(pid)
-    return pids
+
+def is_job_process(pid: int | str) -> bool:
+    """A live process that is not one of the cluster's daemons."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() not in DAEMONS
+    except OSError:
+        return False
