@@ -54,6 +54,13 @@ def cpu_count() -> int:
     return os.cpu_count() or 1
 
 
+def on_emulated_cluster() -> bool:
+    """True in a job launched by ``python -m mpirl.cluster`` (``MPIRL_CLUSTER`` set): its
+    nodes are network namespaces of one machine, so every rank shares that machine's
+    cores whatever node it is on."""
+    return bool(os.environ.get("MPIRL_CLUSTER"))
+
+
 def mpiexec_path() -> str:
     """The ``mpiexec`` next to this Python (the venv's MPICH), else the one on PATH."""
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")

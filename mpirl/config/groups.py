@@ -415,7 +415,8 @@ class TelemetryFields:
     checksum_every: int = _doc(
         "compare a checksum of parameters and optimizer state across ranks every this many "
         "updates; a mismatch stops the run; 0 disables", default=50)
-    torch_threads: int = _doc("torch threads per rank; 0 = cores / ranks on this node",
+    torch_threads: int = _doc("torch threads per rank; 0 = cores / ranks sharing them (on an "
+                              "emulated cluster: every rank of the job)",
                               default=0)
 
 

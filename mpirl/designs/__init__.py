@@ -69,7 +69,7 @@ def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
 def train(cfg: Config, comm: MPI.Comm) -> Summary:
     """Run ``cfg`` on every rank of ``comm``; the writing rank prints and saves the summary."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    # Ranks on one node share its cores: torch's own threads would fight over them.
+    # Ranks sharing cores divide them: torch's own threads would fight over them.
     torch.set_num_threads(cfg.torch_threads or max(1, cpu_count() // local_rank_count(comm)))
     run_dir = make_run_dir(cfg, comm)
     if rank == 0:
@@ -86,6 +86,7 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
         watcher.close(sentinel.REPORTED)         # mpirl.run reports it (or it is a stop)
         raise
     watcher.close(sentinel.CLEAN)
+    summary.torch_threads = torch.get_num_threads()
     if rank == summary.writer_rank:           # rank 0, or the lowest survivor of a failure
         (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
         print(describe(summary))

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from ..launch import on_emulated_cluster
 from ..parts.actor import Actor
 from ..parts.envs import make_envs
 from ..parts.learner import Learner
@@ -48,6 +49,7 @@ class Summary:
     reached_target: bool = False            # stopped early by target_return
     param_digest: str = ""                  # SHA-256 of the final parameters (rank 0's)
     gradient_bytes: int = 0                 # size of the flat gradient each exchange moves
+    torch_threads: int = 0                  # torch's intra-op threads on each rank
     updates_skipped: int = 0                # non-finite gradients skipped (--nan-policy skip)
     ranks_failed: list = field(default_factory=list)   # launch ranks lost, run went on
     writer_rank: int = 0                    # launch rank that wrote this (lowest survivor)
@@ -166,9 +168,12 @@ def check_same_model(comm: MPI.Comm, learner: Learner) -> None:
 
 
 def local_rank_count(comm: MPI.Comm) -> int:
-    """Ranks on this rank's node (collective)."""
+    """Ranks sharing this rank's cores (collective): those on its node, or, on an
+    emulated cluster, every rank of the job (its nodes are namespaces of one machine:
+    counting only a node's ranks gave each rank all the cores, and torch's threads of
+    4 ranks on 2 cores slowed a 1 MiB model's update about 10x)."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_size()
+        return comm.Get_size() if on_emulated_cluster() else node.Get_size()
     finally:
         node.Free()

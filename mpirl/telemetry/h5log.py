@@ -46,6 +46,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5f, h5p, h5s, h5t
 
+from ..launch import on_emulated_cluster
 from .schema import (BENCH_DTYPE, BENCH_KIND, EPISODE_DTYPE, FAILURE_DTYPE, SCHEMA_VERSION,
                      SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE, UPDATE_UNSET, fill_row)
 
@@ -322,7 +323,7 @@ def write_bench_file(path: Path, rows: np.ndarray, *, op: str, world_size: int,
 def _oversubscribed(hostnames: list[str], cores: list[int]) -> bool:
     """True when some node ran more ranks than it has cores.  The nodes of an emulated
     cluster (``MPIRL_CLUSTER`` set) share one machine's cores: there, all ranks count."""
-    if os.environ.get("MPIRL_CLUSTER"):
+    if on_emulated_cluster():
         return len(hostnames) > max(cores)
     per_node: dict[str, int] = {}
     for host in hostnames:
