@@ -6,7 +6,8 @@ Writes ``latency.png`` (allreduce time vs size per exchange, at each cap, one ra
 node, with the alpha-beta-gamma model fitted on that layout and cap drawn dashed),
 ``bottleneck.png`` (bytes through each node's link per 4 MiB allreduce, and the time
 of each topology against its bandwidth term: star 2(N-1), tree 2 log N, butterfly
-log N, ring 2(N-1)/N times n / link rate), ``results.md`` (the tables) and
+log N, ring 2(N-1)/N times n over the link's payload rate, headers counted against the
+cap), ``results.md`` (the tables) and
 ``costmodel.csv`` (each measurement beside its prediction).
 """
 
@@ -15,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from mpirl.cluster.net import bits_per_s
+from mpirl.cluster.net import payload_s_per_byte, tbf_bucket_bytes
 from mpirl.study.costmodel import coefficients, errors, fit
 from mpirl.telemetry.read import load_bench
 
@@ -34,8 +36,8 @@ FIT_FROM = 64 << 10
 
 def bandwidth_term(topology: str, p: int, nbytes: float, rate: str) -> float:
     """Seconds for the bytes on the topology's critical path at the link cap alone."""
-    _, moved, _, _ = coefficients("allreduce", topology, p, nbytes)
-    return moved * 8 / bits_per_s(rate)
+    moved = coefficients("allreduce", topology, p, nbytes).bytes_moved
+    return moved * payload_s_per_byte(rate)
 
 
 def load(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -55,13 +57,16 @@ def fitted(bench: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     and the fitted parameters by (nodes, ranks, cap)."""
     parts, fits = [], {}
     for key, part in bench.groupby(["nodes", "ranks", "rate"]):
-        # under a cap: beta from the link (8 / rate), the rest (alpha, gamma, delta) fitted
-        # where the claim is made, from 64 KiB up (smaller messages ride the token
-        # bucket's burst, docs/cluster.md); uncapped, all four fitted on everything
+        # under a cap: beta from the link (its rate, headers included) and its token
+        # bucket, the rest (alpha, gamma, delta, the bucket's refill) fitted where the
+        # claim is made, from 64 KiB up; uncapped, all four fitted on everything
         if key[2] != "off":
-            params, _ = fit(part[part["bytes"] >= FIT_FROM], beta=8 / bits_per_s(key[2]))
+            params, _ = fit(part[part["bytes"] >= FIT_FROM], beta=payload_s_per_byte(key[2]),
+                            burst=tbf_bucket_bytes(key[2]))
         else:
             params, _ = fit(part)
+        # the ranks talk over the nodes' links: each direction works at once
+        params = replace(params, duplex_links=True)
         fits[tuple(key)] = params
         out = errors(params, part)
         out["beta_gbit"] = 8 / params.beta / 1e9 if params.beta else np.nan
@@ -195,8 +200,8 @@ def bottleneck_figure(links: pd.DataFrame, path: Path) -> None:
     ax.axhline(1.0, color="grey", lw=1)
     ax.set_xlabel("nodes (1 rank each)")
     ax.set_ylabel("measured / bandwidth term")
-    ax.set_title("4 MiB allreduce: time over n/rate x (star 2(N-1), tree 2 log N,\n"
-                 "butterfly log N, ring 2(N-1)/N)", fontsize=8)
+    ax.set_title("4 MiB allreduce: time over n x (star 2(N-1), tree 2 log N, butterfly\n"
+                 "log N, ring 2(N-1)/N) / payload rate (headers off the cap)", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -207,7 +212,8 @@ def bottleneck_figure(links: pd.DataFrame, path: Path) -> None:
 def tables(table: pd.DataFrame, links: pd.DataFrame) -> str:
     lines = ["# Emulated cluster: allreduce by topology (experiments/bench_cluster.py)", ""]
     for size in (1 << 20, 4 << 20):
-        lines += [f"## Allreduce of {size >> 20} MiB, ms (mpirl.bench, best of 2 rounds)", "",
+        lines += [f"## Allreduce of {size >> 20} MiB, ms (mpirl.bench, the best round of "
+                  "each cell)", "",
                   "| layout | cap | native | star | tree | butterfly | ring | star/ring |",
                   "|---|---|---|---|---|---|---|---|"]
         cells = table[table["bytes"] == size]
@@ -220,11 +226,13 @@ def tables(table: pd.DataFrame, links: pd.DataFrame) -> str:
                          f"{t.get('star', np.nan) / t.get('ring', np.nan):.2f} |")
         lines.append("")
     lines += ["## Cost model at 1 Gbit/s: largest |predicted/measured - 1| per topology", "",
-              "beta from the link (8 ns per byte), alpha, gamma and delta fitted per layout "
-              "by non-negative least squares on relative error (mpirl.costmodel.fit with "
-              "beta held), on that layout's measurements from 64 KiB up; each cell: from "
-              "64 KiB up / from 256 KiB up; one rank per node (the model has no notion of a "
-              "node: with 2 ranks per node some messages never leave it).", "",
+              "beta from the link (8 ns per byte of frame, 8.36 ns per byte of payload "
+              "with the headers) and its token bucket (125,000 B), alpha, gamma, delta and "
+              "the bucket's refill between calls fitted per layout by non-negative least "
+              "squares on relative error (mpirl.costmodel.fit with beta and burst held), "
+              "on that layout's measurements from 64 KiB up; each cell: from 64 KiB up / "
+              "from 256 KiB up; one rank per node (the model has no notion of a node: "
+              "with 2 ranks per node some messages never leave it).", "",
               "| layout | " + " | ".join(TOPOLOGIES) + " | worst |",
               "|---|" + "---|" * (len(TOPOLOGIES) + 1)]
     # one rank per node only: the model counts every message as crossing a link

@@ -78,11 +78,20 @@ OPS = ("allreduce", "bcast")
 @dataclass(frozen=True)
 class Cost:
     """A collective's cost terms (Hockney's model; Thakur, Rabenseifner & Gropp 2005):
-    ``T = messages * alpha + bytes_moved * beta + bytes_reduced * gamma``."""
+    ``T = messages * alpha + bytes_moved * beta + bytes_reduced * gamma``.
+
+    ``link_phases`` says how the critical path's bytes use the busiest link: in how many
+    separate phases of equal bytes, each on a link direction that was idle before it
+    (star and tree allreduce: the root receives everything, then sends everything: 2;
+    butterfly and ring keep every link busy in both directions throughout: 1).  On a
+    plain link it changes nothing; on a token-bucket link (a rate cap with a burst, as
+    the emulated cluster's) each phase starts with a full bucket
+    (:func:`mpirl.study.costmodel.link_bytes`)."""
 
     messages: float        # messages on the critical path (each pays a latency alpha)
     bytes_moved: float     # bytes a rank on the critical path sends or receives (beta)
     bytes_reduced: float   # bytes it adds up (gamma)
+    link_phases: int = 1   # separate phases of bytes_moved on the busiest link
 
 
 NO_COST = Cost(0.0, 0.0, 0.0)

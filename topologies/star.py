@@ -9,6 +9,7 @@ parameter server that the master-free topologies remove.
 Cost: everything passes through the root, one message after another::
 
     allreduce  messages 2(p-1), bytes moved 2(p-1) n, bytes reduced (p-1) n
+               (link phases 2: the root's link receives (p-1) n, then sends (p-1) n)
     bcast      messages p-1,    bytes moved (p-1) n
 """
 
@@ -32,7 +33,7 @@ class Star(Topology):
     @classmethod
     def _cost(cls, op: str, p: int, n: float) -> Cost:
         if op == "allreduce":
-            return Cost(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n)
+            return Cost(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n, link_phases=2)
         return Cost(p - 1, (p - 1) * n, 0.0)                   # bcast
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:

@@ -12,7 +12,8 @@ same bytes.
 
 Cost, with ``L = ceil(log2 p)`` rounds each way::
 
-    allreduce  messages 2L, bytes moved 2L n, bytes reduced L n   (reduce, then bcast)
+    allreduce  messages 2L, bytes moved 2L n, bytes reduced L n   (reduce, then bcast;
+               link phases 2: the root's link receives L n, then sends L n)
     bcast      messages L,  bytes moved L n
 
 MPICH's ``binomial`` broadcast is the same data flow; its ``tree`` allreduce (a
@@ -59,7 +60,7 @@ class Tree(Topology):
     def _cost(cls, op: str, p: int, n: float) -> Cost:
         rounds = ceil_log2(p)
         if op == "allreduce":
-            return Cost(2 * rounds, 2 * rounds * n, rounds * n)
+            return Cost(2 * rounds, 2 * rounds * n, rounds * n, link_phases=2)
         return Cost(rounds, rounds * n, 0.0)                   # bcast
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:

@@ -93,7 +93,8 @@ class Cluster:
     def describe(self) -> dict:
         """What a run records of where it ran (``cluster_json`` of run.h5)."""
         return {"name": self.name, "nodes": self.hosts(), "rate": self.rate,
-                "subnet": self.subnet}
+                "subnet": self.subnet,
+                "bucket_bytes": 0 if self.rate == "off" else tbf_bucket_bytes(self.rate)}
 
 
 def state_dir(name: str) -> Path:
@@ -203,17 +204,36 @@ def load(name: str) -> Cluster:
 #: the token bucket holds 1 ms of traffic at the cap (at least 32 KiB).  Measured on
 #: 2 cores, 4 nodes at 1 Gbit/s, 1 MiB allreduce: a 128 KiB bucket gives the cap's rate
 #: (ring 12.9 ms, bandwidth term 12.6 ms); 64, 32 and 16 KiB buckets fall to 2.1, 3.0 and
-#: 3.9x slower (timer and TCP pacing).  The price: a message of up to about one bucket
-#: leaves at the veth's own speed, as if the NIC had a 1 ms burst buffer.
+#: 3.9x slower.  The price: after an idle spell up to one bucket leaves at the veth's own
+#: speed (one-way probe, 1 Gbit/s: 64 and 128 KiB in 0.44x and 0.25x their time at the
+#: cap; back to back 1.03-1.04x).  Smaller GSO packets make a small bucket faithful on
+#: one link (8 KiB packets, 16 KiB bucket: 1.03-1.07x either way) but their per-packet
+#: work halves the rate once 4 or 8 nodes send at once (ring 4 MiB: 93 and 253 ms
+#: against 55 and 65), and a peak rate (tbf peakrate) did worse: the cost model carries
+#: the bucket instead (mpirl.study.costmodel.link_bytes).
 TBF_BUCKET_S = 1e-3
 TBF_MIN_BUCKET = 32 * 1024
+#: bytes a capped link carries per byte of MPI payload: tbf counts each frame's
+#: Ethernet, IPv4 and TCP headers (14 + 20 + 32 with timestamps) against the cap, so a
+#: 1 Gbit/s link carries 0.956 Gbit/s of payload, as a real NIC does at MTU 1500
+WIRE_PER_PAYLOAD_BYTE = (1500 + 14) / (1500 - 20 - 32)
+
+
+def tbf_bucket_bytes(rate: str) -> int:
+    """The token bucket of a link capped at ``rate``: :data:`TBF_BUCKET_S` of traffic."""
+    return max(TBF_MIN_BUCKET, int(bits_per_s(rate) / 8 * TBF_BUCKET_S))
+
+
+def payload_s_per_byte(rate: str) -> float:
+    """Seconds a byte of MPI payload takes through a link capped at ``rate`` (the cost
+    model's beta there), headers included."""
+    return 8 / bits_per_s(rate) * WIRE_PER_PAYLOAD_BYTE
 
 
 def tbf_args(rate: str) -> list[str]:
-    """tc's tbf for ``rate``: a bucket of :data:`TBF_BUCKET_S` of traffic, at most 50 ms
-    of queue."""
-    bucket = max(TBF_MIN_BUCKET, int(bits_per_s(rate) / 8 * TBF_BUCKET_S))
-    return ["tbf", "rate", rate, "burst", str(bucket), "latency", "50ms"]
+    """tc's tbf for ``rate``: a bucket of :func:`tbf_bucket_bytes`, at most 50 ms of
+    queue."""
+    return ["tbf", "rate", rate, "burst", str(tbf_bucket_bytes(rate)), "latency", "50ms"]
 
 
 def set_rate(spec: Cluster, rate: str) -> None:
@@ -394,10 +414,50 @@ def cut(spec: Cluster, host: str, restore: bool = False) -> None:
     in_ns(spec.switch, "ip", "link", "set", f"v{i}", "up" if restore else "down")
 
 
-def kill_node(spec: Cluster, host: str) -> list[int]:
-    """SIGKILL every process on node ``host`` (a node that lost power)."""
+#: the MPI runtimes' daemons on each node: Open MPI's PRRTE and MPICH's hydra
+RUNTIME_DAEMONS = ("prted", "hydra_pmi_proxy")
+
+
+def kill_node(spec: Cluster, host: str, keep_runtime: bool = False) -> list[int]:
+    """SIGKILL every process on node ``host`` (a node that lost power).
+
+    ``keep_runtime``: only what the MPI runtime's daemon there started (the node's ranks
+    and their children); the daemon lives.  That is a whole node's loss as MPI sees it,
+    on a runtime that survives losing a daemon: Open MPI 5.0's PRRTE ends the job when
+    a daemon goes (docs/cluster.md)."""
     node_index(spec, host)
-    return kill_namespace(spec.namespace(host))
+    ns = spec.namespace(host)
+    if not keep_runtime:
+        return kill_namespace(ns)
+    parent = {pid: _ppid(pid) for pid in pids_in(ns)}
+    doomed = {pid for pid in parent if process_name(pid) in RUNTIME_DAEMONS}
+    grew = True
+    while grew:                        # the daemons' descendants, generation by generation
+        children = {pid for pid, ppid in parent.items() if ppid in doomed} - doomed
+        grew = bool(children)
+        doomed |= children
+    doomed -= {pid for pid in parent if process_name(pid) in RUNTIME_DAEMONS}
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return sorted(doomed)
+
+
+def process_name(pid: int | str) -> str:
+    """A process's name (``/proc/PID/comm``); "" once it has gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> int:
+    try:            # /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def node_index(spec: Cluster, host: str) -> int:

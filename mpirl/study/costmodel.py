@@ -14,12 +14,24 @@ a call made from Python (mpi4py call, numpy add, bookkeeping).
 
 The terms ``(a, b, c)`` are each topology's own: ``cost(op, p, n)``, written beside its
 algorithm in ``topologies/<name>.py`` (MPICH's forced algorithms:
-``topologies.native.MPICH_ALGORITHMS``).  This module walks the registry, so a new
-topology is modelled as soon as it is registered.  ``native`` (MPICH's own choice) is
-predicted as the cheapest of MPICH's algorithms.  The four parameters (and an eager
-limit with a rendezvous cost per large message) are fitted by non-negative least
-squares on relative error over every measured (op, exchange, p, n), and the fit's
-relative error is reported per size and rank count.  Where two exchanges' costs are
+``topologies.native.MPICH_ALGORITHMS``).
+
+A link capped by a token bucket (rate ``1 / beta``, depth ``burst_bytes``: the emulated
+cluster's ``tc tbf``, a cloud NIC's burst allowance) is not a plain wire: a message may
+leave faster than the rate while the bucket holds tokens.  The bytes the rate must
+carry are then :func:`link_bytes`: each of the exchange's ``link_phases`` (its busiest
+link used in separate phases, e.g. the star's root receiving, then sending) starts on a
+link direction that was idle, its first ``burst_bytes`` free; and across back-to-back
+calls a link direction cannot beat its rate on average, less the ``refill_bytes`` it
+regains between calls (fitted; a training exchange after its compute finds the bucket
+full: ``refill_bytes = burst_bytes``).  With ``burst_bytes = 0`` it is ``b``.
+
+This module walks the registry, so a new topology is modelled as soon as it is
+registered.  ``native`` (MPICH's own choice) is predicted as the cheapest of MPICH's
+algorithms.  The four parameters (and an eager limit with a rendezvous cost per large
+message; a bucket's refill) are fitted by non-negative least squares on relative error
+over every measured (op, exchange, p, n), and the fit's relative error is reported per
+size and rank count.  Where two exchanges' costs are
 straight lines in n, their crossover size is where the lines meet.
 """
 
@@ -32,10 +44,10 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-
 
 
 @dataclass
@@ -46,15 +58,39 @@ class Params:
     delta: float     # extra s per message for a Python topology
     rendezvous: float = 0.0     # extra s per message larger than eager_bytes (handshake)
     eager_bytes: float = math.inf   # MPICH's eager/rendezvous switch, as fitted
+    burst_bytes: float = 0.0    # each link direction's token bucket (0: a plain link)
+    refill_bytes: float = 0.0   # tokens a link regains between calls, 0..burst_bytes
+    duplex_links: bool = False  # ranks on a network: a link sends and receives at once
+                                # (False: shared memory, copies by the ranks' CPUs)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def coefficients(op: str, exchange: str, p: int, n: float) -> tuple[float, float, float, bool]:
-    """``(a, b, c, python)`` of ``exchange`` (a registry name, or ``native:ALGORITHM``):
-    its messages, bytes moved and bytes reduced, and whether delta applies.  KeyError
-    when there is no model of it."""
+class Terms(NamedTuple):
+    """An exchange's cost terms, as the model uses them."""
+    messages: float
+    bytes_moved: float
+    bytes_reduced: float
+    python: bool         # sent from Python: delta applies
+    link_phases: int
+
+
+def link_bytes(bytes_moved: float, phases: int, burst: float, refill: float) -> float:
+    """Of ``bytes_moved`` crossing a token-bucket link in ``phases`` equal phases, the
+    bytes its rate must carry: each phase's first ``burst`` bytes leave at once (the
+    direction it uses was idle), and one direction carries ``bytes_moved / phases`` per
+    call of which only ``refill`` came back between calls.  ``burst = 0``: all of them."""
+    if burst <= 0:
+        return bytes_moved
+    per_phase = bytes_moved / phases
+    return max(phases * max(0.0, per_phase - burst), per_phase - refill)
+
+
+def coefficients(op: str, exchange: str, p: int, n: float) -> Terms:
+    """The :class:`Terms` of ``exchange`` (a registry name, or ``native:ALGORITHM``):
+    its messages, bytes moved and bytes reduced, whether delta applies and its link
+    phases.  KeyError when there is no model of it."""
     import topologies
     from topologies.native import Native
 
@@ -69,7 +105,8 @@ def coefficients(op: str, exchange: str, p: int, n: float) -> tuple[float, float
         except topologies.UnknownTopologyError:
             raise KeyError(f"no cost model for {op} {exchange}") from None
         cost = cls.cost(op, p, n)
-    return cost.messages, cost.bytes_moved, cost.bytes_reduced, cls.from_python and p > 1
+    return Terms(cost.messages, cost.bytes_moved, cost.bytes_reduced,
+                 cls.from_python and p > 1, cost.link_phases)
 
 
 def mpich_algorithms(op: str) -> tuple[str, ...]:
@@ -83,39 +120,49 @@ def predict(params: Params, op: str, exchange: str, p: int, n: float) -> float:
     """Seconds for one ``op`` of ``n`` bytes over ``p`` ranks."""
     if exchange == "native":
         return min(predict(params, op, f"native:{a}", p, n) for a in mpich_algorithms(op))
-    a, b, c, python = coefficients(op, exchange, p, n)
+    a, b, c, python, phases = coefficients(op, exchange, p, n)
     large = a if a and b / a > params.eager_bytes else 0.0
-    return a * (params.alpha + (params.delta if python else 0.0)) + b * params.beta \
+    moved = link_bytes(b, phases, params.burst_bytes, params.refill_bytes)
+    return a * (params.alpha + (params.delta if python else 0.0)) + moved * params.beta \
         + c * params.gamma + large * params.rendezvous
 
 
-def _row(op: str, exchange: str, p: int, n: float, eager: float) -> list[float] | None:
+def _row(op: str, exchange: str, p: int, n: float, eager: float, burst: float = 0.0,
+         refill: float = 0.0) -> list[float] | None:
     try:
-        a, b, c, python = coefficients(op, exchange, p, n)
+        a, b, c, python, phases = coefficients(op, exchange, p, n)
     except KeyError:
         return None
-    return [a, b, c, a if python else 0.0, a if a and b / a > eager else 0.0]
+    return [a, link_bytes(b, phases, burst, refill), c, a if python else 0.0,
+            a if a and b / a > eager else 0.0]
 
 
 #: candidate eager limits tried by the fit (bytes per message)
 EAGER_CANDIDATES = [math.inf] + [float(1 << k) for k in range(12, 19)]
+#: candidate refills tried by the fit, as fractions of the bucket
+REFILL_CANDIDATES = [i / 8 for i in range(9)]
 
 
-def fit(table, beta: float | None = None) -> tuple[Params, "np.ndarray"]:
+def fit(table, beta: float | None = None,
+        burst: float = 0.0) -> tuple[Params, "np.ndarray"]:
     """Fit on a ``analysis.load_bench`` table; returns the parameters and a boolean mask
     of the rows used (those with a model, more than one rank, and a measurement).  The
     eager limit is chosen among :data:`EAGER_CANDIDATES` by the smallest residual.
 
     ``beta`` given (seconds per byte, e.g. from a link's rate: 8 / bits per second), it is
     held there and only the other parameters are fitted (a network whose bandwidth is
-    known, with alpha, gamma and delta from what the CPU does)."""
+    known, with alpha, gamma and delta from what the CPU does).  ``burst`` given (the
+    links' token bucket, bytes), the refill between calls is chosen among
+    :data:`REFILL_CANDIDATES` of it the same way."""
     best = None
-    for eager in EAGER_CANDIDATES:
+    refills = [burst * f for f in REFILL_CANDIDATES] if burst > 0 else [0.0]
+    for eager, refill in itertools.product(EAGER_CANDIDATES, refills):
         rows, times, used = [], [], np.zeros(len(table), dtype=bool)
         for i, rec in enumerate(table.itertuples()):
             if rec.ranks < 2 or rec.topology == "native" or not rec.avg_s > 0:
                 continue
-            row = _row(rec.op, rec.topology, rec.ranks, float(rec.bytes), eager)
+            row = _row(rec.op, rec.topology, rec.ranks, float(rec.bytes), eager, burst,
+                       refill)
             if row is None:
                 continue
             rows.append(row)
@@ -123,19 +170,25 @@ def fit(table, beta: float | None = None) -> tuple[Params, "np.ndarray"]:
             used[i] = True
         if not rows:
             raise ValueError("no benchmark rows with a cost model (need 2+ ranks)")
-        A, t = np.asarray(rows), np.asarray(times)
-        weighted = A / t[:, None]         # relative error: minimise sum((A x - t) / t)^2
-        if beta is None:
-            x = _nnls(weighted, np.ones(len(t)))
-        else:                             # the bytes' term is known: fit what is left
-            free = [0, 2, 3, 4]
-            x = np.zeros(A.shape[1])
-            x[1] = beta
-            x[free] = _nnls(weighted[:, free], 1.0 - weighted[:, 1] * beta)
-        residual = float(np.sum((weighted @ x - 1.0) ** 2))
+        x = _fit_rows(np.asarray(rows), np.asarray(times), beta)
+        residual = float(np.sum((np.asarray(rows) @ x / np.asarray(times) - 1.0) ** 2))
         if best is None or residual < best[0] - 1e-12:
-            best = (residual, Params(*x.tolist(), eager_bytes=eager), used)
+            best = (residual, Params(*x.tolist(), eager_bytes=eager, burst_bytes=burst,
+                                     refill_bytes=refill), used)
     return best[1], best[2]
+
+
+def _fit_rows(A: np.ndarray, t: np.ndarray, beta: float | None) -> np.ndarray:
+    """alpha, beta, gamma, delta, rendezvous minimising the relative error of ``A x``
+    against ``t`` (beta held when given)."""
+    weighted = A / t[:, None]             # relative error: minimise sum((A x - t) / t)^2
+    if beta is None:
+        return _nnls(weighted, np.ones(len(t)))
+    free = [0, 2, 3, 4]                   # the bytes' term is known: fit what is left
+    x = np.zeros(A.shape[1])
+    x[1] = beta
+    x[free] = _nnls(weighted[:, free], 1.0 - weighted[:, 1] * beta)
+    return x
 
 
 def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -254,10 +307,13 @@ def describe_crossover(params: Params, op: str, x: str, y: str, p: int) -> str:
 def describe(params: Params) -> str:
     bandwidth = 1 / params.beta / 2**30 if params.beta else math.inf
     eager = "none" if math.isinf(params.eager_bytes) else f"{params.eager_bytes / 1024:.0f} KiB"
+    bucket = "" if not params.burst_bytes else (
+        f", token bucket {params.burst_bytes / 1024:.0f} KiB refilled "
+        f"{params.refill_bytes / 1024:.0f} KiB between calls")
     return (f"alpha {params.alpha * 1e6:.2f} us/msg, beta {params.beta * 1e9:.3f} ns/B "
             f"({bandwidth:.2f} GiB/s), gamma {params.gamma * 1e9:.3f} ns/B, delta "
             f"{params.delta * 1e6:.2f} us/msg (Python), rendezvous "
-            f"{params.rendezvous * 1e6:.2f} us/msg above {eager}")
+            f"{params.rendezvous * 1e6:.2f} us/msg above {eager}{bucket}")
 
 
 def load_params(path: str | Path) -> Params:

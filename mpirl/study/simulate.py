@@ -21,6 +21,9 @@ Async and quorum run a discrete-event simulation of the parameter server: pushes
 the server, each costs it a receive, an optimizer step and a reply (``(alpha + n beta)``
 each way, ``gamma n`` for the step: its bandwidth and processing are the bottleneck that
 grows with the worker count), and staleness is counted exactly as the runtime counts it.
+On shared memory the server's CPU does the three in turn; over a network (parameters
+fitted on the emulated cluster, ``duplex_links``) its link receives while it sends,
+each direction shared by the messages on it as TCP flows share a link.
 Sharded servers (gorila's pattern, ``async --servers S``): S servers each take a shard of
 ``n / S`` of every push; they see the same arrivals in the same order and cost the same,
 so one shard is simulated with ``n / S`` bytes and ``p - S`` workers (the worker's own
@@ -41,12 +44,12 @@ import argparse
 import heapq
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from .costmodel import Params, load_params, predict
+from .costmodel import Params, link_bytes, load_params, predict
 
 
 @dataclass
@@ -75,10 +78,14 @@ class Compute:
 
     def __init__(self, *, samples: np.ndarray | None = None, mean_s: float = 0.02,
                  dist: str = "fixed", tail: float = 0.5, stragglers: dict | None = None,
-                 per_rank: dict | None = None, seed: int = 0) -> None:
+                 per_rank: dict | None = None, joint: np.ndarray | None = None,
+                 seed: int = 0) -> None:
         self.samples, self.mean_s, self.dist, self.tail = samples, mean_s, dist, tail
         self.stragglers = stragglers or {}
         self.per_rank = per_rank or {}      # rank -> that rank's own measured samples
+        #: [updates, ranks] measured side by side (a sync run): whole rows are drawn, so
+        #: ranks slowed together (sharing cores) stay together
+        self.joint = joint
         self.rng = np.random.default_rng(seed)
 
     def draw(self, shape) -> np.ndarray:
@@ -92,6 +99,8 @@ class Compute:
 
     def for_ranks(self, updates: int, ranks: np.ndarray) -> np.ndarray:
         """``[updates, len(ranks)]`` compute seconds for those ranks."""
+        if self.joint is not None and self.joint.shape[1] == len(ranks):
+            return self.joint[self.rng.integers(0, len(self.joint), size=updates)]
         c = self.draw((updates, len(ranks)))
         for rank, factor in self.stragglers.items():
             c[:, ranks == rank] *= factor
@@ -104,7 +113,9 @@ class Compute:
 def simulate_sync(params: Params, topology: str, p: int, nbytes: float, compute: Compute,
                   steps_per_update: int, updates: int = 200) -> Prediction:
     c = compute.for_ranks(updates, np.arange(p))
-    exchange = predict(params, "allreduce", topology, p, nbytes) if p > 1 else 0.0
+    # the links idle while the ranks compute: a token bucket is full at every exchange
+    idle = replace(params, refill_bytes=params.burst_bytes)
+    exchange = predict(idle, "allreduce", topology, p, nbytes) if p > 1 else 0.0
     slowest = c.max(axis=1)
     update_s = float(np.mean(slowest) + exchange)
     idle = 1.0 - float(np.mean(c)) / update_s
@@ -118,55 +129,159 @@ def simulate_server(params: Params, mode: str, p: int, nbytes: float, compute: C
     """The parameter server (rank 0) and ``p - 1`` workers, event by event, until the
     workers have pushed ``pushes_per_worker`` gradients each *on average* (a run's budget
     is global: fast workers push more than slow ones, as in ``mpirl.run``).  With
-    ``servers`` S > 1: one of S shard servers, ``n / S`` bytes each, ``p - S`` workers."""
+    ``servers`` S > 1: one of S shard servers, ``n / S`` bytes each, ``p - S`` workers.
+
+    On shared memory (the default) the server's CPU copies each push in (after its
+    worker copied it out), steps and copies each reply out, one after another.  Over a
+    network (``params.duplex_links``: the emulated cluster's fits) pushes cross the
+    server's link in while replies cross its link out, each direction shared by the
+    messages on it as TCP flows share a link (n at once move at 1/n of the rate each),
+    and the steps queue for the CPU (:func:`_over_a_network`)."""
     workers = p - servers
     nbytes = nbytes / servers
     budget = workers * max(3, min(pushes_per_worker, max_events // workers))
-    transfer = params.alpha + nbytes * params.beta + params.delta   # one message, Python
+    # one message from Python; a link idle while its worker computed has a full bucket
+    transfer = params.alpha + params.delta + params.beta * link_bytes(
+        nbytes, 1, params.burst_bytes, params.burst_bytes)
     step_s = nbytes * params.gamma * 4          # Adam touches the gradient ~4 times
     rows = 4 * budget // workers + 4            # enough draws for the fastest worker
-    c = compute.for_ranks(rows, np.arange(1, p))
-    k = quorum or -(-workers // 2)
-    # events: (time the push reaches the server, worker, version it was computed on)
-    queue = [(c[0, w] + transfer, w, 0) for w in range(workers)]
+    c = compute.for_ranks(rows, np.arange(1, p))[:, :workers]
+    run = _ServerRun(mode, quorum or -(-workers // 2), c, budget)
+    engine = _over_a_network if params.duplex_links else _on_shared_memory
+    wall = engine(run, transfer, step_s)
+    idle = 1.0 - float(run.computing.sum()) / (workers * wall) if wall else 0.0
+    return Prediction(shards_label(servers), mode, p, wall / max(run.version, 1),
+                      run.version / wall, run.sent * steps_per_update / wall, max(0.0, idle),
+                      np.asarray(run.stale, dtype=np.int64))
+
+
+class _ServerRun:
+    """The server's policy and the workers' books, whichever way the bytes move: async
+    steps on every push; quorum on ``k`` fresh ones, answering every worker it held (a
+    late push is held and dropped), staleness counted as the runtime counts it."""
+
+    def __init__(self, mode: str, k: int, compute: np.ndarray, budget: int) -> None:
+        self.mode, self.k, self.c, self.budget = mode, k, compute, budget
+        self.workers = compute.shape[1]
+        self.pushed = np.ones(self.workers, dtype=np.int64)   # pushes sent, per worker
+        self.computing = compute[0].copy()                    # compute seconds, per worker
+        self.version, self.sent = 0, self.workers
+        self.stale: list[int] = []
+        self.held: list[int] = []
+        self.fresh = 0
+
+    def take(self, w: int, computed_on: int, more_coming: bool) -> list[int] | None:
+        """Worker ``w``'s push is in: the workers a step now answers, or None (no step)."""
+        if self.mode == "async":
+            self.stale.append(self.version - computed_on)
+            self.version += 1
+            return [w]
+        if computed_on == self.version:
+            self.fresh += 1
+            self.stale.append(0)
+        self.held.append(w)
+        if self.fresh < self.k and more_coming:
+            return None
+        self.version += 1
+        answer, self.held, self.fresh = self.held, [], 0
+        return answer
+
+    def next_compute(self, w: int) -> float | None:
+        """Seconds worker ``w`` computes its next push, or None once the budget is sent."""
+        if self.sent >= self.budget:
+            return None
+        draw = self.c[self.pushed[w] % len(self.c), w]
+        self.computing[w] += draw
+        self.pushed[w] += 1
+        self.sent += 1
+        return draw
+
+
+def _on_shared_memory(run: _ServerRun, transfer: float, step_s: float) -> float:
+    """The server's CPU alone, in turn: copy a push in, step, copy each reply out.
+    Returns the wall seconds."""
+    # events: (the push copied out by its worker, the worker, the version it was computed on)
+    queue = [(run.c[0, w] + transfer, w, 0) for w in range(run.workers)]
     heapq.heapify(queue)
-    pushed = np.ones(workers, dtype=np.int64)      # pushes sent so far, per worker
-    computing = c[0].copy()                        # compute seconds spent, per worker
-    busy_until, version, sent = 0.0, 0, workers
-    stale: list[int] = []
-    held: list[int] = []
-    fresh = 0
+    busy_until = 0.0
     while queue:
-        arrive, w, computed_on = heapq.heappop(queue)
-        busy_until = max(arrive, busy_until) + transfer     # the server takes the push
-        if mode == "async":
-            stale.append(version - computed_on)
-            busy_until += step_s
-            version += 1
-            answer = [w]
-        else:
-            if computed_on == version:
-                fresh += 1
-                stale.append(0)
-            held.append(w)                                   # late ones wait, dropped
-            if fresh < k and queue:
-                continue
-            busy_until += step_s
-            version += 1
-            answer, held, fresh = held, [], 0
+        ready, w, computed_on = heapq.heappop(queue)
+        busy_until = max(ready, busy_until) + transfer     # the server copies the push in
+        answer = run.take(w, computed_on, bool(queue))
+        if answer is None:
+            continue
+        busy_until += step_s
         for h in answer:
             busy_until += transfer                           # one reply after another
-            if sent < budget:
-                draw = c[pushed[h] % rows, h]
-                computing[h] += draw
-                pushed[h] += 1
-                sent += 1
-                heapq.heappush(queue, (busy_until + draw + transfer, h, version))
-    wall = busy_until
-    idle = 1.0 - float(computing.sum()) / (workers * wall) if wall else 0.0
-    return Prediction(shards_label(servers), mode, p, wall / max(version, 1), version / wall,
-                      sent * steps_per_update / wall, max(0.0, idle),
-                      np.asarray(stale, dtype=np.int64))
+            draw = run.next_compute(h)
+            if draw is not None:
+                heapq.heappush(queue, (busy_until + draw + transfer, h, run.version))
+    return busy_until
+
+
+class _SharedLink:
+    """One direction of a link shared by the messages on it as TCP flows share it: each
+    of n at once moves at 1/n of the rate.  Kept in virtual time (the service each
+    message has had), so a start or an end costs O(log n)."""
+
+    def __init__(self) -> None:
+        self.flows: list[tuple[float, int, int]] = []   # (virtual end, worker, version)
+        self.virtual = self.t = 0.0
+
+    def advance(self, now: float) -> None:
+        if self.flows:
+            self.virtual += (now - self.t) / len(self.flows)
+        self.t = now
+
+    def start(self, seconds: float, w: int, version: int) -> None:
+        heapq.heappush(self.flows, (self.virtual + seconds, w, version))
+
+    def next_end(self) -> float:
+        if not self.flows:
+            return math.inf
+        return self.t + max(0.0, self.flows[0][0] - self.virtual) * len(self.flows)
+
+    def finish(self) -> tuple[int, int]:
+        _, w, version = heapq.heappop(self.flows)
+        return w, version
+
+
+def _over_a_network(run: _ServerRun, transfer: float, step_s: float) -> float:
+    """Pushes share the server's link in, replies its link out (:class:`_SharedLink`),
+    steps queue for its CPU; a worker computes once its reply is in.  Returns the wall
+    seconds."""
+    computing = [(run.c[0, w], w, 0) for w in range(run.workers)]  # (done, worker, version)
+    heapq.heapify(computing)
+    pushes, replies = _SharedLink(), _SharedLink()
+    steps: list[tuple[float, int, list[int]]] = []   # (done, version after it, answer)
+    cpu_free = now = 0.0
+    while computing or pushes.flows or replies.flows or steps:
+        events = (computing[0][0] if computing else math.inf, pushes.next_end(),
+                  steps[0][0] if steps else math.inf, replies.next_end())
+        now = min(events)
+        pushes.advance(now)
+        replies.advance(now)
+        kind = events.index(now)
+        if kind == 0:                                  # a push goes on the wire
+            _, w, version = heapq.heappop(computing)
+            pushes.start(transfer, w, version)
+        elif kind == 1:                                # a push is in
+            w, version = pushes.finish()
+            more = bool(computing or pushes.flows) or run.sent < run.budget
+            answer = run.take(w, version, more)
+            if answer is not None:
+                cpu_free = max(now, cpu_free) + step_s
+                heapq.heappush(steps, (cpu_free, run.version, answer))
+        elif kind == 2:                                # a step is done: its replies leave
+            _, version, answer = heapq.heappop(steps)
+            for h in answer:
+                replies.start(transfer, h, version)
+        else:                                          # a reply is in: compute again
+            w, version = replies.finish()
+            draw = run.next_compute(w)
+            if draw is not None:
+                heapq.heappush(computing, (now + draw, w, version))
+    return now
 
 
 def shards_label(servers: int) -> str:
@@ -176,7 +291,7 @@ def shards_label(servers: int) -> str:
 
 def simulate(params: Params, topology: str, mode: str, p: int, nbytes: float,
              compute: Compute, steps_per_update: int, quorum: int = 0,
-             servers: int = 1) -> Prediction:
+             servers: int = 1, pushes_per_worker: int = 60) -> Prediction:
     if mode == "sync":
         return simulate_sync(params, topology, p, nbytes, compute, steps_per_update)
     if mode not in SIMULATED:
@@ -185,12 +300,15 @@ def simulate(params: Params, topology: str, mode: str, p: int, nbytes: float,
     if p <= servers:
         raise ValueError(f"{mode} with {servers} server(s) needs at least {servers + 1} ranks")
     return simulate_server(params, "async" if mode == "gorila" else mode, p, nbytes, compute,
-                           steps_per_update, quorum, servers=servers)
+                           steps_per_update, quorum, pushes_per_worker, servers=servers)
 
 
 def validate(params: Params, run_dir) -> dict:
-    """The simulator against one measured run: its own per-rank compute samples, its
-    gradient size and rank count; returns measured and predicted updates/s."""
+    """The simulator against one measured run: its own per-rank compute samples (a sync
+    run's drawn a whole update at a time: its ranks' computes moved together), its
+    gradient size, rank count and (parameter servers) pushes per worker, so that the
+    start, when every worker pushes at once, weighs as much as it did; returns measured
+    and predicted updates/s."""
     from ..telemetry.read import load_run
 
     run = load_run(run_dir)
@@ -198,10 +316,16 @@ def validate(params: Params, run_dir) -> dict:
     per_rank = {int(r): g["compute_s"].to_numpy() for r, g in u.groupby("rank")}
     cfg, p = run.config, int(run.meta["world_size"])
     steps = cfg["num_envs"] * cfg["rollout_steps"] * cfg["action_repeat"]
-    compute = Compute(per_rank=per_rank, samples=u["compute_s"].to_numpy())
+    # a sync run's ranks computed side by side: their updates are drawn together
+    joint = u.pivot_table(index="update", columns="rank", values="compute_s").dropna()
+    compute = Compute(per_rank=per_rank, samples=u["compute_s"].to_numpy(),
+                      joint=joint.to_numpy() if run.config["mode"] == "sync" else None)
+    servers = cfg.get("servers", 1)
+    pushes = run.summary.get("gradients_sent", 0) // max(1, p - servers)
     predicted = simulate(params, cfg["topology"], cfg["mode"], p,
                          float(run.summary["gradient_bytes"]), compute, steps,
-                         quorum=cfg.get("quorum", 0), servers=cfg.get("servers", 1))
+                         quorum=cfg.get("quorum", 0), servers=servers,
+                         pushes_per_worker=max(3, pushes))
     measured = run.summary["updates"] / run.summary["wall_s"]
     topology = cfg["topology"] if cfg["mode"] == "sync" else shards_label(cfg.get("servers", 1))
     return {"run": run.name, "topology": topology, "mode": cfg["mode"], "ranks": p,

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from mpirl.study.costmodel import Params, coefficients, crossover, fit, predict
+from mpirl.study.costmodel import Params, coefficients, crossover, fit, link_bytes, predict
 
 
 def test_formulas_count_messages_bytes_and_reductions():
@@ -52,6 +52,46 @@ def test_fit_recovers_the_parameters_that_made_the_data(truth):
         assert getattr(got, key) == pytest.approx(value, rel=1e-6), key
 
 
+def test_link_bytes_of_a_token_bucket_link_by_hand():
+    B = 100.0
+    assert link_bytes(1000.0, 2, 0.0, 0.0) == 1000.0           # a plain link: all of them
+    # star, idle links: each of 2 phases of 500 starts with a full bucket of 100
+    assert link_bytes(1000.0, 2, B, B) == 800.0
+    # back to back, nothing refilled: one direction still carries 500 per call
+    assert link_bytes(1000.0, 2, B, 0.0) == 800.0
+    assert link_bytes(300.0, 2, B, 0.0) == 150.0               # 2 x 50 < 150: the rate binds
+    assert link_bytes(300.0, 2, B, 40.0) == 110.0
+    assert link_bytes(300.0, 2, B, B) == 100.0
+    # ring/butterfly (1 phase): back to back no credit; after idle one bucket
+    assert link_bytes(1000.0, 1, B, 0.0) == 1000.0
+    assert link_bytes(1000.0, 1, B, B) == 900.0
+    assert link_bytes(50.0, 1, B, B) == 0.0                    # fits in the burst
+
+
+def test_predict_on_a_token_bucket_link():
+    plain = Params(alpha=1e-5, beta=1e-8, gamma=0.0, delta=0.0)
+    bucket = Params(alpha=1e-5, beta=1e-8, gamma=0.0, delta=0.0, burst_bytes=1000.0,
+                    refill_bytes=1000.0)
+    n = 10_000.0                 # star at 3 ranks: 4 messages, 40,000 bytes in 2 phases
+    assert predict(plain, "allreduce", "star", 3, n) == pytest.approx(4e-5 + 40_000e-8)
+    assert predict(bucket, "allreduce", "star", 3, n) == pytest.approx(4e-5 + 38_000e-8)
+    assert predict(bucket, "allreduce", "ring", 3, n) == \
+        pytest.approx(4e-5 + (4 / 3 * n - 1000) * 1e-8)
+
+
+def test_fit_with_a_held_beta_finds_the_buckets_refill():
+    """Data made on token-bucket links (beta and burst known, refill 3/8 of the bucket)
+    is fitted back, refill included, with beta and the burst held."""
+    truth = Params(alpha=5e-5, beta=8e-9, gamma=3e-10, delta=2e-6, burst_bytes=125_000.0,
+                   refill_bytes=0.375 * 125_000.0)
+    table = synthetic(truth)
+    table = table[table["bytes"] >= 8192]
+    got, used = fit(table, beta=truth.beta, burst=truth.burst_bytes)
+    assert used.all()
+    for key, value in truth.as_dict().items():
+        assert getattr(got, key) == pytest.approx(value, rel=1e-6), key
+
+
 def test_fit_never_returns_negative_parameters():
     table = synthetic(Params(alpha=5e-6, beta=2e-10, gamma=0.0, delta=0.0))
     table["avg_s"] *= np.random.default_rng(0).uniform(0.7, 1.3, len(table))   # noise
@@ -74,7 +114,10 @@ def test_costmodel_command_fits_a_real_benchmark(bench_file, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "alpha" in out.stdout and "crossovers" in out.stdout
     params = json.loads((tmp_path / "params.json").read_text())
-    assert set(params) == {"alpha", "beta", "gamma", "delta", "rendezvous", "eager_bytes"}
+    assert set(params) == {"alpha", "beta", "gamma", "delta", "rendezvous", "eager_bytes",
+                           "burst_bytes", "refill_bytes", "duplex_links"}
+    # one machine: no capped link, and shared memory rather than a network
+    assert params["burst_bytes"] == 0.0 and params["duplex_links"] is False
     assert all(v >= 0 for v in params.values()) and params["alpha"] + params["delta"] > 0
     errors = pd.read_csv(tmp_path / "errors.csv")
     assert errors["rel_error"].abs().median() < 1.0     # within 2x on the median row

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 from mpirl.study.costmodel import Params
-from mpirl.study.simulate import Compute, simulate
+from mpirl.study.simulate import Compute, _SharedLink, simulate
 
 FREE = Params(alpha=0.0, beta=0.0, gamma=0.0, delta=0.0)
 
@@ -28,11 +29,70 @@ def test_sync_waits_for_the_slowest_rank():
     assert with_exchange.update_s == pytest.approx(0.01 + 6 * 1e-5 + 1.5e6 * 1e-9)
 
 
+def test_sync_with_joint_samples_waits_for_each_updates_slowest():
+    """Two ranks measured side by side, slow by turns (0.01/0.03 s, then 0.03/0.01 s):
+    drawn whole updates at a time every update waits 0.03 s; drawn independently a
+    quarter of the updates would wait only 0.01 s."""
+    joint = np.array([[0.01, 0.03], [0.03, 0.01]])
+    together = simulate(FREE, "ring", "sync", 2, 1e6, Compute(joint=joint), 100)
+    assert together.update_s == pytest.approx(0.03)
+    apart = simulate(FREE, "ring", "sync", 2, 1e6,
+                     Compute(per_rank={0: joint[:, 0], 1: joint[:, 1]}), 100)
+    assert apart.update_s == pytest.approx(0.025, abs=0.002)
+
+
 def test_async_server_applies_every_push_and_counts_staleness():
     p = simulate(FREE, "star", "async", 5, 1e6, Compute(mean_s=0.01), 100)
     assert p.updates_per_s == pytest.approx(4 / 0.01, rel=0.05)    # 4 workers, no waiting
     assert np.mean(p.staleness) == pytest.approx(3, abs=0.2)        # the other 3 went first
     assert p.idle_share < 0.05
+
+
+def test_a_server_on_a_network_link_receives_while_it_replies():
+    """1 MB each way at 1 GB/s (1 ms per message), a 0.2 ms step: on shared memory the
+    server's CPU copies every push in and every reply out, so a saturated server manages
+    one update per 2.2 ms (and the worker's own copy-out comes on top for a lone
+    worker); over a network (duplex_links) its link takes one push in while it sends
+    another reply out: one update per 1 ms, the link's busier direction.  Messages on
+    one direction share it: two pushes at once each take twice as long."""
+    cpu = Params(alpha=0.0, beta=1e-9, gamma=0.05e-9, delta=0.0)    # step: 4 gamma n
+    net = Params(alpha=0.0, beta=1e-9, gamma=0.05e-9, delta=0.0, duplex_links=True)
+    lone = Compute(mean_s=0.01)
+    assert simulate(cpu, "star", "async", 2, 1e6, lone, 1).update_s == \
+        pytest.approx(0.01 + 3e-3 + 0.2e-3, rel=0.02)
+    assert simulate(net, "star", "async", 2, 1e6, lone, 1).update_s == \
+        pytest.approx(0.01 + 2e-3 + 0.2e-3, rel=0.02)
+    crowd = Compute(mean_s=1e-4)                                    # 63 eager workers
+    assert simulate(cpu, "star", "async", 64, 1e6, crowd, 1).update_s == \
+        pytest.approx(2.2e-3, rel=0.02)
+    # (within 5%: at the start all 63 pushes share the link in and land together)
+    assert simulate(net, "star", "async", 64, 1e6, crowd, 1).update_s == \
+        pytest.approx(1e-3, rel=0.05)
+    # a token bucket on the links: each message after an idle link leaves 1 bucket free
+    bucket = Params(alpha=0.0, beta=1e-9, gamma=0.05e-9, delta=0.0, duplex_links=True,
+                    burst_bytes=2e5)
+    assert simulate(bucket, "star", "async", 2, 1e6, lone, 1).update_s == \
+        pytest.approx(0.01 + 1.6e-3 + 0.2e-3, rel=0.02)
+
+
+def test_messages_on_one_link_direction_share_it():
+    """Two 1 s messages started together both end at 2 s; one started 0.5 s later than
+    the other: the first ends at 1.5 s (0.5 alone, then half the rate), the second at
+    2.0 s."""
+    link = _SharedLink()
+    link.start(1.0, 0, 0)
+    link.start(1.0, 1, 0)
+    assert link.next_end() == pytest.approx(2.0)
+    link = _SharedLink()
+    link.start(1.0, 0, 7)
+    link.advance(0.5)
+    link.start(1.0, 1, 8)
+    assert link.next_end() == pytest.approx(1.5)
+    link.advance(1.5)
+    assert link.finish() == (0, 7)
+    assert link.next_end() == pytest.approx(2.0)
+    link.advance(2.0)
+    assert link.finish() == (1, 8) and link.next_end() == math.inf
 
 
 def test_quorum_of_all_workers_is_sync_and_never_stale():

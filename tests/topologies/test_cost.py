@@ -97,6 +97,21 @@ def test_native_cost_of_each_mpich_algorithm_matches_its_formula(op):
                     assert_terms(got, expected(MPICH_AS[algorithm], op, p, n))
 
 
+def test_link_phases_are_two_where_the_root_receives_then_sends():
+    """star and tree allreduce use the root's link in two phases (all in, then all
+    out); every other exchange keeps its links busy throughout (one phase)."""
+    for p in (2, 5, 8):
+        for name, cls in topologies.REGISTRY.items():
+            if name == "native":
+                continue
+            want = 2 if name in ("star", "tree") else 1
+            assert cls.cost("allreduce", p, 64.0).link_phases == want, name
+            assert cls.cost("bcast", p, 64.0).link_phases == 1, name
+        for algorithm in MPICH_ALGORITHMS["allreduce"]:
+            want = 2 if algorithm == "tree" else 1
+            assert Native.cost("allreduce", p, 64.0, algorithm).link_phases == want
+
+
 def test_some_formula_values_by_hand():
     n = 100.0
     assert terms(topologies.get("butterfly").cost("allreduce", 6, n)) == (4.0, 400.0, 300.0)
@@ -133,8 +148,9 @@ def test_coefficients_and_predict_of_each_registered_topology():
     params = costmodel.Params(alpha=2e-6, beta=1e-9, gamma=3e-10, delta=5e-6)
     for name in PYTHON_TOPOLOGIES:
         a, b, c = expected(name, "allreduce", 6, 1024.0)
+        phases = 2 if name in ("star", "tree") else 1
         assert costmodel.coefficients("allreduce", name, 6, 1024.0) == \
-            pytest.approx((a, b, c, True))
+            pytest.approx((a, b, c, True, phases))
         assert costmodel.predict(params, "allreduce", name, 6, 1024.0) == pytest.approx(
             a * (2e-6 + 5e-6) + b * 1e-9 + c * 3e-10, rel=1e-12)
     assert costmodel.coefficients("allreduce", "butterfly", 1, 1024.0)[3] is False
@@ -173,7 +189,8 @@ def test_cost_model_walks_the_registry(monkeypatch):
     with pytest.raises(KeyError):
         costmodel.coefficients("allreduce", "dummy", 4, 64.0)
     monkeypatch.setitem(topologies.REGISTRY, "dummy", Dummy)
-    assert costmodel.coefficients("allreduce", "dummy", 4, 64.0) == (28.0, 704.0, 832.0, True)
+    assert costmodel.coefficients("allreduce", "dummy", 4, 64.0) == \
+        (28.0, 704.0, 832.0, True, 1)
     params = costmodel.Params(alpha=1.0, beta=0.5, gamma=0.25, delta=2.0)
     assert costmodel.predict(params, "allreduce", "dummy", 4, 64.0) == \
         pytest.approx(28 * (1.0 + 2.0) + 704 * 0.5 + 832 * 0.25)
