@@ -13,7 +13,8 @@ one markdown table row per scenario.
 
 The cluster scenarios run on an emulated cluster of 2 nodes at 1 Gbit/s (its own,
 ``mpirldrill``, brought up and down by the drill; root needed, docs/cluster.md), 2 ranks
-per node, and break a whole node: every process on it killed, or its link cut.
+per node, and break a whole node: every process on it killed, its link cut, or its
+ranks alone killed with its MPI runtime daemon kept (``kill --keep-runtime``).
 """
 
 from __future__ import annotations
@@ -96,7 +97,20 @@ CLUSTER_SCENARIOS = {
     "cluster: kill node0 (the server, rank 0), async star, Open MPI": (
         4, ["--mode", "async", "--topology", "star", "--total-steps", "1000000"],
         "node-kill", "node0", 1, 30, "openmpi", "ends"),
+    # the node's ranks alone (kill --keep-runtime): its loss as MPI sees it, on a runtime
+    # that outlives a node's daemon (Open MPI 5.0's PRRTE does not: the kills above)
+    "cluster: node1's ranks (2, 3) killed, runtime kept, sync butterfly, Open MPI shrink": (
+        4, ["--topology", "butterfly", "--total-steps", "6400", "--on-failure", "shrink"],
+        "node-ranks", "node1", 2, 12, "openmpi", "survives"),
+    "cluster: node0's ranks (0: the root, 1) killed, runtime kept, sync star, Open MPI shrink": (
+        4, ["--topology", "star", "--total-steps", "6400", "--on-failure", "shrink"],
+        "node-ranks", "node0", 2, 12, "openmpi", "survives"),
+    "cluster: node0's ranks (0: the server, 1) killed, runtime kept, async star, Open MPI": (
+        4, ["--mode", "async", "--topology", "star", "--total-steps", "1000000"],
+        "node-ranks", "node0", 2, 30, "openmpi", "ends"),
 }
+#: how each fault is made: mpirl.cluster's command
+FAULTS = {"node-kill": ["kill"], "node-cut": ["cut"], "node-ranks": ["kill", "--keep-runtime"]}
 CLUSTER = "mpirldrill"
 
 
@@ -230,8 +244,7 @@ def cluster_drill(name: str, spec, out: Path) -> dict:
             if attempt == (3 if mpi == "openmpi" else 0):
                 return {"name": name, "error": text[-800:]}
     t_fault = time.time()
-    subprocess.run([*cli, "kill" if fault == "node-kill" else "cut", node], check=True,
-                   capture_output=True)
+    subprocess.run([*cli, *FAULTS[fault], node], check=True, capture_output=True)
     code, text = finish(proc, 300)
     t_end = time.time()
     if fault == "node-cut":
@@ -253,7 +266,8 @@ def cluster_drill(name: str, spec, out: Path) -> dict:
                     recovered += [float(u) - t_fault for u in fails["unix_s"]]
         if detect:
             row.update(detect_s=max(detect), recover_s=max(recovered))
-        row["named"] = row["named"] or s.get("ranks_failed") == [2, 3]
+        lost = [2, 3] if node == "node1" else [0, 1]
+        row["named"] = row["named"] or s.get("ranks_failed") == lost
     row["logs_open"] = True
     logs_complete(run_dir, nranks)                  # every rank log opens (raises if not)
     return row

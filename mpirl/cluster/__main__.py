@@ -7,6 +7,7 @@
   python -m mpirl.cluster rate 100mbit          # change every link's cap, live
   python -m mpirl.cluster cut node1 [--restore] # a node's link down (or up again)
   python -m mpirl.cluster kill node1            # every process on a node: SIGKILL
+  python -m mpirl.cluster kill node1 --keep-runtime   # only its ranks (MPI's view of it)
   python -m mpirl.cluster down                  # everything removed; idempotent
 """
 
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--restore", action="store_true", help="bring it up again")
     p = sub.add_parser("kill", help="SIGKILL every process on a node (a node that died)")
     p.add_argument("node")
+    p.add_argument("--keep-runtime", action="store_true",
+                   help="only what the MPI runtime's daemon there started (its ranks): "
+                        "the node's loss as MPI sees it, the daemon kept alive")
     return parser
 
 
@@ -141,8 +145,9 @@ def cmd_cut(args) -> int:
 
 
 def cmd_kill(args) -> int:
-    pids = net.kill_node(net.load(args.name), args.node)
-    print(f"cluster {args.name}: {args.node}: killed {len(pids)} processes")
+    pids = net.kill_node(net.load(args.name), args.node, keep_runtime=args.keep_runtime)
+    kept = " (its MPI runtime daemon kept)" if args.keep_runtime else ""
+    print(f"cluster {args.name}: {args.node}: killed {len(pids)} processes{kept}")
     return 0
 
 

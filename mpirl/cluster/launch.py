@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .net import Cluster, ClusterError, pids_in
+from .net import Cluster, ClusterError, pids_in, process_name
 from .slurm import DAEMONS
 
 #: MPICH's settings for the links (the user's own values win)
@@ -254,7 +254,5 @@ def job_pids(ns: str) -> list[int]:
 
 def is_job_process(pid: int | str) -> bool:
     """A live process that is not one of the cluster's daemons."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() not in DAEMONS
-    except OSError:
-        return False
+    name = process_name(pid)
+    return bool(name) and name not in DAEMONS

@@ -25,7 +25,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from .net import Cluster, ClusterError, kill_namespace, namespaces, pids_in, sh, state_dir
+from .net import (Cluster, ClusterError, kill_namespace, namespaces, pids_in, process_name, sh,
+                  state_dir)
 
 #: process names of the cluster's daemons (what a job kill leaves alone)
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
@@ -157,7 +158,7 @@ def stop(name: str) -> list[str]:
     """Stop the cluster's Slurm daemons and munged (nothing if none run)."""
     stopped = []
     for ns in namespaces(name):
-        daemons = [pid for pid in pids_in(ns) if _comm(pid) in DAEMONS]
+        daemons = [pid for pid in pids_in(ns) if process_name(pid) in DAEMONS]
         if daemons:
             kill_namespace(ns)       # every process there goes anyway when the node goes
             stopped.append(f"slurm daemons in {ns}")
@@ -165,19 +166,12 @@ def stop(name: str) -> list[str]:
     if pidfile.exists():
         try:
             pid = int(pidfile.read_text().split()[0])
-            if _comm(pid) == "munged":
+            if process_name(pid) == "munged":
                 os.kill(pid, 15)
                 stopped.append(f"munged {pid}")
         except (ValueError, IndexError, ProcessLookupError):
             pass
     return stopped
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def status(spec: Cluster) -> dict:

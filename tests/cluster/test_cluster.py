@@ -263,6 +263,40 @@ def test_a_cut_link_ends_the_job_within_the_watchdog_deadline_naming_the_node(cl
     assert net.link_state(cluster) == {"node0": "up", "node1": "up"}
 
 
+def test_survivors_carry_on_when_a_nodes_ranks_die_under_open_mpi(cluster, tmp_path):
+    """A 4-rank butterfly under Open MPI with ULFM (--on-failure shrink), node1's ranks
+    (2, 3) SIGKILLed with its runtime daemon kept (``kill --keep-runtime``: a node's loss
+    as MPI sees it; Open MPI 5.0's runtime itself ends the job when a daemon dies): the
+    ranks on node0 shrink past both and finish the budget, and node1's prted lives."""
+    require(None if (ROOT / ".venv-ulfm" / "bin" / "mpiexec").exists()
+            else "no .venv-ulfm (make ulfm-env)")
+    budget = 4000
+    command = [*CLI, "exec", "-n", "4", "--mpi", "openmpi", "--ulfm", "--timeout", "120",
+               "--", *RUN, "--topology", "butterfly", "--total-steps", str(budget),
+               "--on-failure", "shrink", "--run-dir", str(tmp_path), "--run-name", "r"]
+    started = tmp_path / "r" / "config.yaml"
+    for _ in range(3):      # Open MPI 5.0.11 sometimes dies in MPI_Init (test_ulfm.py)
+        job = start_mpi(4, [], command=command)
+        deadline = time.monotonic() + 120
+        while not started.exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if started.exists():
+            break
+        job.wait(30)
+    with job:
+        job.reached(tmp_path / "r", 2, 10)
+        killed = cli("kill", "node1", "--keep-runtime")
+        assert killed.returncode == 0 and "runtime daemon kept" in killed.stdout
+        assert any(net.process_name(p) == "prted"
+                   for p in net.pids_in(cluster.namespace("node1")))
+        job.wait(90, what="the survivors did not finish within 90 s")
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["ranks_failed"] == [2, 3] and summary["env_steps"] >= budget, summary
+    for rank in (0, 1):
+        with open_run(tmp_path / "r" / f"rank{rank:04d}.h5") as f:
+            assert len(f["failures"]) >= 1
+
+
 def test_a_killed_node_ends_the_job_naming_the_node_and_its_ranks(cluster, tmp_path):
     """Every process on node1 (ranks 2, 3, their sentinels, hydra's proxy, slurmd)
     SIGKILLed in the middle of a sync run: MPICH's launcher ends at once, and the ranks on
