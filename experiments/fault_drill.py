@@ -252,7 +252,8 @@ def cluster_drill(name: str, spec, out: Path) -> dict:
     ranks_there = "ranks 2, 3" if node == "node1" else "ranks 0, 1"
     lines = [line for line in text.splitlines() if node in line and ranks_there in line]
     row = {"name": name, "exit": code, "to_end_s": t_end - t_fault, "expected": expected,
-           "named": bool(lines), "says": (lines or [""])[0][:160]}
+           "named": bool(lines), "says": (lines or [""])[0][:160],
+           "last_lines": [line[:160] for line in text.strip().splitlines()[-3:]]}
     summary = run_dir / "summary.json"
     if summary.is_file():
         s = json.loads(summary.read_text())

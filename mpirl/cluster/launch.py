@@ -22,8 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .net import Cluster, ClusterError, pids_in, process_name
-from .slurm import DAEMONS
+from .net import SLURM_DAEMONS, Cluster, ClusterError, rank_processes, pids_in, process_name
 
 #: MPICH's settings for the links (the user's own values win)
 MPICH_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
@@ -148,9 +147,9 @@ def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
 
 
 class NodeWatch:
-    """Which of the job's nodes still run processes, sampled every ``period_s`` from
-    /proc (a process's network namespace is its node), so that a node whose processes
-    all ended while the others' still ran can be named after the job: when a node dies,
+    """Which of the job's nodes still run ranks, sampled every ``period_s`` from /proc
+    (a process's network namespace is its node), so that a node whose ranks all ended
+    while the others' still ran can be named after the job: when a node dies,
     MPICH's launcher exits at once and the ranks on the other nodes are killed with no
     way left to print (their output went through the launcher)."""
 
@@ -159,25 +158,27 @@ class NodeWatch:
 
         self.hosts = hosts
         self._inode = {os.stat(f"/run/netns/{spec.namespace(h)}").st_ino: h for h in hosts}
-        self.seen: set[str] = set()            # hosts that had processes of the job
-        self.emptied: dict[str, float] = {}    # host -> when its last process was gone
-        self._alive_at: dict[str, float] = {}  # host -> last time it had processes
+        self.seen: set[str] = set()            # hosts that had ranks of the job
+        self.emptied: dict[str, float] = {}    # host -> when its last rank was gone
+        self._alive_at: dict[str, float] = {}  # host -> last time it had ranks
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(period_s,), daemon=True)
         self._thread.start()
 
     def _busy(self) -> set[str]:
-        busy = set()
+        """The hosts where the job's own processes still run (not the MPI runtime's
+        daemon: a node whose ranks all died is dead to MPI even while its daemon lives)."""
+        pids: dict[str, list[int]] = {}
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
             try:
                 host = self._inode.get(os.stat(f"/proc/{entry.name}/ns/net").st_ino)
-                if host and host not in busy and is_job_process(entry.name):
-                    busy.add(host)
             except OSError:
                 continue
-        return busy
+            if host:
+                pids.setdefault(host, []).append(int(entry.name))
+        return {host for host, found in pids.items() if rank_processes(found)}
 
     def _run(self, period_s: float) -> None:
         while not self._stop.wait(period_s):
@@ -202,7 +203,7 @@ class NodeWatch:
         self._sample()
 
     def died_first(self, per_node: int, nranks: int) -> list[str]:
-        """Lines for the nodes whose processes all ended while another node's still ran."""
+        """Lines for the nodes whose ranks all ended while another node's still ran."""
         lines = []
         for i, host in enumerate(self.hosts):
             gone = self.emptied.get(host)
@@ -211,8 +212,8 @@ class NodeWatch:
                 continue
             ranks = list(range(i * per_node, min(nranks, (i + 1) * per_node)))
             lines.append(f"mpirl.cluster: {host} (rank{'s' * (len(ranks) > 1)} "
-                         f"{', '.join(map(str, ranks))}) died first: every process there "
-                         f"had ended while ranks on {', '.join(sorted(set(self.seen) - {host}))} "
+                         f"{', '.join(map(str, ranks))}) died first: every rank there had "
+                         f"ended while ranks on {', '.join(sorted(set(self.seen) - {host}))} "
                          "still ran")
         return lines
 
@@ -255,4 +256,4 @@ def job_pids(ns: str) -> list[int]:
 def is_job_process(pid: int | str) -> bool:
     """A live process that is not one of the cluster's daemons."""
     name = process_name(pid)
-    return bool(name) and name not in DAEMONS
+    return bool(name) and name not in SLURM_DAEMONS

@@ -416,6 +416,8 @@ def cut(spec: Cluster, host: str, restore: bool = False) -> None:
 
 #: the MPI runtimes' daemons on each node: Open MPI's PRRTE and MPICH's hydra
 RUNTIME_DAEMONS = ("prted", "hydra_pmi_proxy")
+#: the cluster's own daemons (its Slurm), which no job started or ends
+SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 
 
 def kill_node(spec: Cluster, host: str, keep_runtime: bool = False) -> list[int]:
@@ -429,20 +431,30 @@ def kill_node(spec: Cluster, host: str, keep_runtime: bool = False) -> list[int]
     ns = spec.namespace(host)
     if not keep_runtime:
         return kill_namespace(ns)
-    parent = {pid: _ppid(pid) for pid in pids_in(ns)}
-    doomed = {pid for pid in parent if process_name(pid) in RUNTIME_DAEMONS}
-    grew = True
-    while grew:                        # the daemons' descendants, generation by generation
-        children = {pid for pid, ppid in parent.items() if ppid in doomed} - doomed
-        grew = bool(children)
-        doomed |= children
-    doomed -= {pid for pid in parent if process_name(pid) in RUNTIME_DAEMONS}
+    doomed = rank_processes(pids_in(ns))
     for pid in doomed:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     return sorted(doomed)
+
+
+def rank_processes(pids: list[int]) -> set[int]:
+    """Of ``pids`` (one node's processes), the ranks' side: the ranks and what they
+    started (sentinels too, whoever their parent is now); not an MPI runtime daemon, not
+    the launch agent's shell that started one, not the cluster's Slurm."""
+    parent = {pid: _ppid(pid) for pid in pids}
+    names = {pid: process_name(pid) for pid in pids}
+    runtime = {pid for pid in pids if names[pid] in RUNTIME_DAEMONS}
+    launchers: set[int] = set()
+    for pid in runtime:             # the daemon's ancestors on this node: the agent's shell
+        up = parent[pid]
+        while up in parent and up not in launchers:
+            launchers.add(up)
+            up = parent[up]
+    return {pid for pid in pids if names[pid] and names[pid] not in SLURM_DAEMONS
+            and pid not in runtime and pid not in launchers}
 
 
 def process_name(pid: int | str) -> str:

@@ -25,11 +25,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from .net import (Cluster, ClusterError, kill_namespace, namespaces, pids_in, process_name, sh,
-                  state_dir)
+from .net import (SLURM_DAEMONS, Cluster, ClusterError, kill_namespace, namespaces, pids_in,
+                  process_name, sh, state_dir)
 
 #: process names of the cluster's daemons (what a job kill leaves alone)
-DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 #: CPUs each node declares: more than the machine has, as .ci/slurm-up does, so that
 #: several ranks per node fit on a 2-core machine (nothing binds tasks to cores)
 NODE_CPUS = max(os.cpu_count() or 1, 8)
@@ -158,7 +157,7 @@ def stop(name: str) -> list[str]:
     """Stop the cluster's Slurm daemons and munged (nothing if none run)."""
     stopped = []
     for ns in namespaces(name):
-        daemons = [pid for pid in pids_in(ns) if process_name(pid) in DAEMONS]
+        daemons = [pid for pid in pids_in(ns) if process_name(pid) in SLURM_DAEMONS]
         if daemons:
             kill_namespace(ns)       # every process there goes anyway when the node goes
             stopped.append(f"slurm daemons in {ns}")
