@@ -8,7 +8,7 @@ own cluster (``mpirlbench``, a subnet of its own, taken down at the end, also on
 and, at each cap (100 Mbit/s, 1 Gbit/s, uncapped):
 
 - ``python -m mpirl.bench --op allreduce`` over the nodes (every topology and MPICH's
-  forced algorithms, sizes 4 KiB to 4 MiB, side by side within each size, best of 2
+  forced algorithms, sizes 4 KiB to 4 MiB, side by side within each size, best of 3
   rounds): ``bench-<N>n-<R>r-<cap>.h5``;
 - a link probe per exchange: 4 MiB allreduces, timed, with the bytes through every
   node's link read before and after (the star's root link against the others):
@@ -72,6 +72,12 @@ def main() -> int:
                         help="one layout (4 x 1), caps 1gbit only, sizes 64K 1M: a smoke run")
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=4, help="link-probe calls per exchange")
+    parser.add_argument("--layouts", nargs="+", metavar="NxR",
+                        default=[f"{n}x{r}" for n, r in LAYOUTS],
+                        help="nodes x ranks per node (default: %(default)s); a layout "
+                             "measured again replaces its files and link rows")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="mpirl.bench rounds (the best per cell is kept)")
     args = parser.parse_args()
     if args.probe:
         probe(args.probe, PROBE_BYTES, args.calls)
@@ -83,7 +89,11 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    layouts, rates, sizes = (LAYOUTS, RATES, SIZES) if not args.quick else \
+    try:
+        asked = [tuple(int(x) for x in text.split("x")) for text in args.layouts]
+    except ValueError:
+        parser.error(f"--layouts {' '.join(args.layouts)}; allowed: NODESxRANKS, e.g. 4x2")
+    layouts, rates, sizes = (asked, RATES, SIZES) if not args.quick else \
         ([(4, 1)], ["1gbit"], ["64K", "1M"])
     links_path = out / "links.json"
     links = json.loads(links_path.read_text()) if links_path.exists() else []
@@ -100,7 +110,8 @@ def main() -> int:
                 bench = out / f"bench-{tag}.h5"
                 code = run_on(spec, ranks, per_node,
                               ["python", "-m", "mpirl.bench", "--op", "allreduce", "--sizes",
-                               *sizes, "--iters", "50", "--rounds", "2", "--out", str(bench)],
+                               *sizes, "--iters", "50", "--rounds", str(args.rounds), "--out",
+                               str(bench)],
                               timeout_s=1800)
                 if code != 0:
                     print(f"bench {tag} exited {code}", file=sys.stderr)
