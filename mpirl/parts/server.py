@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .learner.optim import FlatAdam, FlatSGD
+
 
 @dataclass
 class Decision:
@@ -138,8 +140,7 @@ class ShardOptimizer:
         if kind not in ("adam", "sgd"):
             raise ValueError(f"kind={kind!r}; allowed: adam, sgd")
         self.tensor = torch.nn.Parameter(torch.from_numpy(params), requires_grad=False)
-        opt = torch.optim.Adam if kind == "adam" else torch.optim.SGD
-        self.opt = opt([self.tensor], lr=lr)
+        self.opt = (FlatAdam if kind == "adam" else FlatSGD)(self.tensor, lr=lr)
 
     def step(self, grad: np.ndarray) -> None:
         self.tensor.grad = torch.from_numpy(grad)

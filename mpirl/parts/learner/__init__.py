@@ -14,6 +14,7 @@ import torch
 from .flat import FlatParams
 from .losses import actor_critic_loss, gae, vtrace, vtrace_loss
 from .model import ActorCritic
+from .optim import FlatAdam
 
 
 @dataclass
@@ -34,7 +35,7 @@ class FlatLearner:
 
     cfg: object
     flat: FlatParams
-    opt: torch.optim.Optimizer
+    opt: FlatAdam
 
     @property
     def params(self) -> np.ndarray:
@@ -99,7 +100,7 @@ class Learner(FlatLearner):
         self.model = ActorCritic(obs_space, act_space, cfg.hidden, cfg.activation,
                                  cfg.layer_norm)
         self.flat = FlatParams(self.model)
-        self.opt = torch.optim.Adam([self.flat.flat], lr=cfg.lr)
+        self.opt = FlatAdam(self.flat.flat, lr=cfg.lr)
 
 
     def batch(self, rollout) -> Batch:
@@ -151,5 +152,5 @@ class Learner(FlatLearner):
             self.opt.load_state_dict(state["adam"])
 
 
-__all__ = ["ActorCritic", "Batch", "FlatLearner", "FlatParams", "Learner", "actor_critic_loss",
-           "gae", "vtrace", "vtrace_loss"]
+__all__ = ["ActorCritic", "Batch", "FlatAdam", "FlatLearner", "FlatParams", "Learner",
+           "actor_critic_loss", "gae", "vtrace", "vtrace_loss"]

@@ -21,6 +21,7 @@ from torch import nn
 from . import FlatLearner
 from .flat import FlatParams
 from .model import mlp
+from .optim import FlatAdam
 
 
 class QNetwork(nn.Module):
@@ -140,7 +141,7 @@ class DqnLearner(FlatLearner):
         self.target_flat = FlatParams(self.target)
         self.target.requires_grad_(False)
         self.sync_target()
-        self.opt = torch.optim.Adam([self.flat.flat], lr=cfg.lr)
+        self.opt = FlatAdam(self.flat.flat, lr=cfg.lr)
         self.n_step, self.gamma = int(cfg.n_step), float(cfg.gamma)
 
     @property
