@@ -11,7 +11,7 @@ import pytest
 from conftest import kill_an_actor, train
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 4, 5])
+@pytest.mark.parametrize("nranks", [2, 5])
 def test_every_unroll_is_used_or_dropped_with_a_straggler(tmp_path, nranks):
     _, s = train(tmp_path, nranks, "--mode", "impala", "--total-steps", "3000",
                  "--straggler", f"{nranks - 1}:3")
@@ -62,14 +62,13 @@ def test_several_learners_average_with_the_topology_and_stay_identical(
             assert u["bytes_sent"].sum() > u["env_steps"].sum()
 
 
-@pytest.mark.parametrize("refresh, extra", [("updates", ["--refresh-every", "4"]),
-                                            ("episode", [])])
-def test_refresh_policies_send_fewer_parameters(tmp_path, refresh, extra):
+def test_refresh_policies_send_fewer_parameters(tmp_path):
     _, every = train(tmp_path, 3, "--mode", "impala", "--total-steps", "3000", name="every")
-    _, fewer = train(tmp_path, 3, "--mode", "impala", "--total-steps", "3000",
-                     "--param-refresh", refresh, *extra, name="fewer")
-    assert fewer["bytes_per_env_step"] < every["bytes_per_env_step"]
-    assert fewer["mean_policy_lag"] > every["mean_policy_lag"]
+    for refresh, extra in (("updates", ["--refresh-every", "4"]), ("episode", [])):
+        _, fewer = train(tmp_path, 3, "--mode", "impala", "--total-steps", "3000",
+                         "--param-refresh", refresh, *extra, name=refresh)
+        assert fewer["bytes_per_env_step"] < every["bytes_per_env_step"], refresh
+        assert fewer["mean_policy_lag"] > every["mean_policy_lag"], refresh
 
 
 def test_a_killed_actor_ends_the_job_naming_it(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from conftest import TRICKS, train
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.parametrize("nranks", [2, 3])
 def test_async_applies_or_drops_every_gradient(tmp_path, nranks):
     _, s = train(tmp_path, nranks, "--mode", "async", "--topology", "star",
                  "--total-steps", "3000")
@@ -23,8 +23,7 @@ def test_async_applies_or_drops_every_gradient(tmp_path, nranks):
     assert staleness.mean() == pytest.approx(s["mean_staleness"])
 
 
-@pytest.mark.parametrize("late", ["drop", "apply"])
-@pytest.mark.parametrize("nranks", [3, 4])
+@pytest.mark.parametrize("nranks, late", [(3, "drop"), (4, "apply")])
 def test_quorum_accounting_with_a_straggler(tmp_path, nranks, late):
     _, s = train(tmp_path, nranks, "--mode", "quorum", "--topology", "star", "--quorum", "1",
                  "--late", late, "--straggler", f"{nranks - 1}:3", "--total-steps", "3000")

@@ -20,8 +20,7 @@ def check_accounts(s: dict, actors: int) -> None:
     assert s["unrolls_sent"] == s["unrolls_used"] + s["unrolls_dropped"]
 
 
-@pytest.mark.parametrize("mode, nranks", [("seed", 2), ("seed", 3), ("seed", 4), ("seed", 5),
-                                          ("ga3c", 3), ("ga3c", 4), ("ga3c", 5)])
+@pytest.mark.parametrize("mode, nranks", [("seed", 2), ("seed", 5), ("ga3c", 3), ("ga3c", 4)])
 def test_every_request_and_unroll_is_accounted_for_with_a_straggler(tmp_path, mode, nranks):
     _, s = train(tmp_path, nranks, "--mode", mode, "--total-steps", "3000",
                  "--straggler", f"{nranks - 1}:3")

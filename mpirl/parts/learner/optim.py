@@ -11,6 +11,11 @@ by side).  Their ``state`` and ``state_dict()`` have ``torch.optim``'s layout, s
 checkpoint written by either loads into the other and the replicas' digests hash the
 same bytes.
 
+They are also lighter on the hot path, with none of ``Optimizer.step``'s wrappers (hooks,
+the dynamo guard, the grad-mode switch): an Adam step on one flat tensor took 47 us
+against 91 us for ``torch.optim.Adam`` at 9,000 parameters (CartPole's model) and 387 us
+against 480 us at 264,603, here, best of 3 x 2,000 steps each side by side.
+
 Not covered (mpirl uses none of it): weight decay, AMSGrad, momentum, several parameter
 groups or tensors, complex parameters.
 """
