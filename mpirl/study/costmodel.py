@@ -31,8 +31,8 @@ registered.  ``native`` (MPICH's own choice) is predicted as the cheapest of MPI
 algorithms.  The four parameters (and an eager limit with a rendezvous cost per large
 message; a bucket's refill) are fitted by non-negative least squares on relative error
 over every measured (op, exchange, p, n), and the fit's relative error is reported per
-size and rank count.  Where two exchanges' costs are
-straight lines in n, their crossover size is where the lines meet.
+size and rank count.  Where two exchanges' costs are straight lines in n, their
+crossover size is where the lines meet.
 """
 
 from __future__ import annotations
