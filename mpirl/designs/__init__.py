@@ -38,7 +38,7 @@ from ..launch import cpu_count
 from ..resilience import sentinel
 from ..telemetry import schema, superblock
 from ..telemetry.h5log import rank_file, run_file
-from .common import Summary, local_rank_count
+from .common import Summary, ranks_sharing_cores
 from .apex import run_apex
 from .impala import run_impala
 from .gorila import run_gorila
@@ -70,7 +70,7 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
     """Run ``cfg`` on every rank of ``comm``; the writing rank prints and saves the summary."""
     rank, size = comm.Get_rank(), comm.Get_size()
     # Ranks sharing cores divide them: torch's own threads would fight over them.
-    torch.set_num_threads(cfg.torch_threads or max(1, cpu_count() // local_rank_count(comm)))
+    torch.set_num_threads(cfg.torch_threads or max(1, cpu_count() // ranks_sharing_cores(comm)))
     run_dir = make_run_dir(cfg, comm)
     if rank == 0:
         workers = cfg.experience_ranks(size)

@@ -167,11 +167,11 @@ def check_same_model(comm: MPI.Comm, learner: Learner) -> None:
                               "every rank must run the same env spaces and network")
 
 
-def local_rank_count(comm: MPI.Comm) -> int:
+def ranks_sharing_cores(comm: MPI.Comm) -> int:
     """Ranks sharing this rank's cores (collective): those on its node, or, on an
     emulated cluster, every rank of the job (its nodes are namespaces of one machine:
     counting only a node's ranks gave each rank all the cores, and torch's threads of
-    4 ranks on 2 cores slowed a 1 MiB model's update about 10x)."""
+    4 ranks on 2 cores slowed a 1 MiB model's update about 30x)."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return comm.Get_size() if on_emulated_cluster() else node.Get_size()
