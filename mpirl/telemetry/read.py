@@ -29,8 +29,12 @@ Derived columns of :attr:`Run.updates` (everything else is the log's own
 from __future__ import annotations
 
 import json
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import h5py
 import numpy as np
@@ -39,6 +43,8 @@ import pandas as pd
 from .schema import (ACTOR_LEARNER_MODES, BENCH_KIND, EPISODE_DTYPE, EXPERIENCE_ROLES,
                      FAILURE_DTYPE, OLDEST_READABLE, PHASES, SCHEMA_VERSION, SIM_STEP_DTYPE,
                      TABLES, UPDATE_DTYPE, upgrade, written)
+
+T = TypeVar("T")
 
 COMPUTE_PHASES = tuple(p for p in PHASES if p != "exchange_s")
 
@@ -62,13 +68,46 @@ def open_run(run_h5: str | Path) -> h5py.File:
     return open_h5(run_h5)
 
 
+#: how long :func:`read_h5` keeps trying a file that a writer keeps flushing into
+LIVE_READ_DEADLINE_S = 10.0
+#: longer than a flush (about a millisecond): a file that did not change in this long
+#: after a failed read has no flush going on
+_SETTLE_S = 0.05
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def read_h5(path: str | Path, read: Callable[[h5py.File], T]) -> T:
+    """``read(f)`` on ``path`` opened with :func:`open_h5`, all in one open, once more
+    each time it fails while a writer's flush is changing the file.
+
+    A running rank's log is appended to in place (:mod:`mpirl.telemetry.h5log`): a reader
+    that opens it in the middle of a flush, or reads tables after a flush it did not
+    see, can find it half-written.  Such a failure leaves the file changing: read again.
+    A failure on a file that stays unchanged is the file's own and is raised, as is
+    anything after :data:`LIVE_READ_DEADLINE_S`."""
+    path = Path(path)
+    deadline = time.monotonic() + LIVE_READ_DEADLINE_S
+    while True:
+        before = _stamp(path)
+        try:
+            with open_h5(path) as f:
+                return read(f)
+        except (OSError, KeyError):      # h5py: KeyError when an object's header is bad
+            time.sleep(_SETTLE_S)
+            if _stamp(path) == before or time.monotonic() > deadline:
+                raise
+
+
 def rows_until(path: Path, update: int | None, count: int | None = None
                ) -> tuple[dict, float]:
     """Rows of a rank log (also one left by a crash) with ``update <= update`` (any
     update when None); of ``updates``, at most the first ``count`` rows of those.
     Returns ``({table: rows}, start_unix_s)``."""
-    with open_h5(path) as f:
-        start = float(f.attrs["start_unix_s"])
+    def read(f: h5py.File) -> tuple[dict, float]:
         out = {}
         for name, dtype in TABLES:
             rows = written(upgrade(f[name][...], dtype)) if name in f else np.zeros(0, dtype)
@@ -77,7 +116,8 @@ def rows_until(path: Path, update: int | None, count: int | None = None
             if name == "updates" and count is not None:
                 rows = rows[:count]
             out[name] = rows
-    return out, start
+        return out, float(f.attrs["start_unix_s"])
+    return read_h5(path, read)
 
 
 @dataclass
@@ -131,8 +171,8 @@ def find_runs(*paths: str | Path) -> list[Path]:
 
 
 def _read_meta(path: Path) -> dict:
-    with open_run(path / "run.h5") as f:
-        meta = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
+    meta = read_h5(path / "run.h5", lambda f: {k: (v.item() if hasattr(v, "item") else v)
+                                                for k, v in f.attrs.items()})
     schema = meta.get("schema", 0)
     if not OLDEST_READABLE <= schema <= SCHEMA_VERSION:
         raise ValueError(f"{path}/run.h5 has log schema {schema}; this reader reads schemas "
@@ -145,23 +185,26 @@ def _read_meta(path: Path) -> dict:
 
 def _read_rank(path: Path, rank: int) -> dict[str, pd.DataFrame]:
     """One rank file's tables, each with a ``rank`` column (and its role, start time)."""
-    with open_h5(path / f"rank{rank:04d}.h5") as g:
-        start, role = g.attrs["start_unix_s"], g.attrs["role"]
-        u = pd.DataFrame(written(upgrade(g["updates"][...], UPDATE_DTYPE)))
-        u.insert(0, "rank", rank)
-        u.insert(1, "role", role)
-        u["t_unix_s"] = start + u["t_s"]
-        u["exchange_unix_s"] = start + u["exchange_t_s"]
-        e = pd.DataFrame(written(upgrade(g["episodes"][...], EPISODE_DTYPE)))
-        e.insert(0, "rank", rank)
-        e["t_unix_s"] = start + e["t_s"]
-        sim = pd.DataFrame(written(g["sim_steps"][...]) if "sim_steps" in g
-                           else np.zeros(0, SIM_STEP_DTYPE))   # schema 1: absent
-        sim.insert(0, "rank", rank)
-        fail = pd.DataFrame(written(g["failures"][...]) if "failures" in g
-                            else np.zeros(0, FAILURE_DTYPE))   # schema 1-2: absent
-        fail["failed"] = fail["failed"].map(bytes.decode)
-        fail.insert(0, "rank", rank)
+    return read_h5(path / f"rank{rank:04d}.h5", lambda g: _rank_tables(g, rank))
+
+
+def _rank_tables(g: h5py.File, rank: int) -> dict[str, pd.DataFrame]:
+    start, role = g.attrs["start_unix_s"], g.attrs["role"]
+    u = pd.DataFrame(written(upgrade(g["updates"][...], UPDATE_DTYPE)))
+    u.insert(0, "rank", rank)
+    u.insert(1, "role", role)
+    u["t_unix_s"] = start + u["t_s"]
+    u["exchange_unix_s"] = start + u["exchange_t_s"]
+    e = pd.DataFrame(written(upgrade(g["episodes"][...], EPISODE_DTYPE)))
+    e.insert(0, "rank", rank)
+    e["t_unix_s"] = start + e["t_s"]
+    sim = pd.DataFrame(written(g["sim_steps"][...]) if "sim_steps" in g
+                       else np.zeros(0, SIM_STEP_DTYPE))   # schema 1: absent
+    sim.insert(0, "rank", rank)
+    fail = pd.DataFrame(written(g["failures"][...]) if "failures" in g
+                        else np.zeros(0, FAILURE_DTYPE))   # schema 1-2: absent
+    fail["failed"] = fail["failed"].map(bytes.decode)
+    fail.insert(0, "rank", rank)
     return {"updates": u, "episodes": e, "sim_steps": sim, "failures": fail}
 
 

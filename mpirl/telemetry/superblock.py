@@ -9,7 +9,9 @@ last (:mod:`mpirl.telemetry.h5log`).  A writer killed in between can leave new o
 superblock still records: the file opens, but reading those tables fails with "addr
 overflow ... eoa = ...".  Everything they need was written, up to the file's real end.
 :func:`repair` moves the superblock's end-of-file address to that end (what
-``h5clear --increment`` does, without the increment) and rewrites its checksum.
+``h5clear --increment`` does, without the increment) and rewrites its checksum; where
+only the zeros of the writer's room for its next flush lie past the address, it cuts
+the file back to it instead.
 
 A kill rarely lands inside a flush (a fraction of a percent of a run's time) and rarely
 leaves this behind when it does; how rarely, measured: docs/log-schema.md.
@@ -86,7 +88,11 @@ def read(path) -> dict | None:
 
 
 def repair(path) -> bool:
-    """Move a stale end-of-file address to the file's end; True when it was stale."""
+    """Move a stale end-of-file address to the file's end; True when it was stale.
+
+    A log whose writer died between flushes also runs past its address: the room the
+    writer keeps for its next flush, a hole of zeros (:mod:`mpirl.telemetry.h5log`).
+    Nothing HDF5 wrote lies there, so the file is cut back to the address instead."""
     block = read(path)
     if block is None or block["base"] != 0:
         return False
@@ -94,6 +100,11 @@ def repair(path) -> bool:
     if block["eoa"] >= size:
         return False
     with open(path, "r+b") as f:
+        f.seek(block["eoa"])
+        if not f.read().strip(b"\0"):
+            f.truncate(block["eoa"])
+            return False
+        f.seek(0)
         raw = bytearray(f.read(_LAYOUT.size))
         raw[_EOA_AT:_EOA_AT + 8] = struct.pack("<Q", size)
         raw[-4:] = struct.pack("<I", lookup3(bytes(raw[:-4])))

@@ -79,6 +79,27 @@ def test_a_stale_end_of_file_address_is_mended(tmp_path):
     assert not superblock.repair(path)            # once is enough
 
 
+def test_a_stale_address_is_mended_with_the_writers_room_still_after_it(tmp_path):
+    path = stale(tmp_path)
+    os.truncate(path, os.path.getsize(path) + 300_000)        # the room, a hole of zeros
+    assert superblock.repair(path)
+    with h5py.File(path, "r") as f:
+        assert list(f["updates"]["update"]) == list(range(1, 21))
+
+
+def test_a_log_cut_between_flushes_is_trimmed_to_its_address_not_mended(tmp_path):
+    log = RankLog(tmp_path, 1, "worker", flush_every=5)
+    for update in range(1, 11):
+        log.add_update({"update": update, "t_s": log.now()})
+    log.flush()                                      # a writer killed now: no close
+    eoa = superblock.read(log.path)["eoa"]
+    assert os.path.getsize(log.path) > eoa          # the room kept for the next flush
+    assert not superblock.repair(log.path)
+    assert os.path.getsize(log.path) == eoa
+    with h5py.File(log.path, "r") as f:
+        assert list(f["updates"]["update"]) == list(range(1, 11))
+
+
 def test_healthy_and_foreign_files_are_left_alone(tmp_path):
     log = log_with_rows(tmp_path, 7)
     before = log.path.read_bytes()
