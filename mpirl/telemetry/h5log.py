@@ -264,12 +264,15 @@ class RankLog:
             self.flush(only=None if table is self.updates else table)
         return table.append()
 
-    def flush(self, only: _Table | None = None) -> None:
+    def flush(self, only: _Table | None = None, *, last: bool = False) -> None:
         """Append every buffered row (or ``only`` that table's) to the file, in one open
-        and close of it."""
+        and close of it.  ``last``: no flush follows, so no room is kept for one and the
+        file is opened even with nothing to append (opening cuts it back to its end)."""
         tables = self._tables if only is None else (only,)
         pending = {t: t.rows[:t.count] for t in tables if t.count}
-        if pending:
+        if last:
+            self._room = 0
+        if pending or last:
             self._write(pending)
             for table in pending:
                 table.count = 0
@@ -284,16 +287,11 @@ class RankLog:
                 table.write(fid, block)
         finally:
             fid.close()
-            _keep_ahead(self.path, self._room)
+            if self._room:
+                _keep_ahead(self.path, self._room)
 
     def close(self) -> None:
-        """Write out every buffered row, and leave the file ending where HDF5 says it ends
-        (no room kept for a next flush): opening it always cuts it back."""
-        self._room = 0
-        pending = {t: t.rows[:t.count] for t in self._tables if t.count}
-        self._write(pending)
-        for table in pending:
-            table.count = 0
+        self.flush(last=True)
 
 
 def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: list[str],
