@@ -2,5 +2,6 @@
 
 :mod:`~mpirl.telemetry.schema` is the one definition of every table, shared by the
 writer (:mod:`~mpirl.telemetry.h5log`, :mod:`~mpirl.telemetry.runlog`) and the readers
-(:mod:`~mpirl.telemetry.read`, and through it ``analysis``).
+(:mod:`~mpirl.telemetry.read`, and through it ``analysis``), which open files through
+:mod:`~mpirl.telemetry.access` (pandas-free: a rank resuming its log reads it there).
 """

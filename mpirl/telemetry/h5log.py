@@ -27,7 +27,7 @@ Two choices make that hold:
 * The writer opens the file without HDF5's file locks, so a reader that holds a log
   open while the run goes on (a notebook) never makes a flush fail.  Such a reader
   must not hold it across flushes: tables it reads after a flush it did not see can
-  fail ("addr overflow"); reopen to see newer rows.  :func:`mpirl.telemetry.read.read_h5`
+  fail ("addr overflow"); reopen to see newer rows.  :func:`mpirl.telemetry.access.read_h5`
   reads in one open, again when a flush changed the file under it.
 * Between flushes the file is kept longer than its end-of-file address by what the
   next flush can add (:func:`_keep_ahead`; a hole, no disk used).  Without it a plain
@@ -54,6 +54,7 @@ import numpy as np
 from h5py import h5d, h5f, h5p, h5s, h5t
 
 from ..launch import on_emulated_cluster
+from .access import rows_until
 from .schema import (BENCH_DTYPE, BENCH_KIND, EPISODE_DTYPE, FAILURE_DTYPE, SCHEMA_VERSION,
                      SIM_STEP_DTYPE, TABLES, UPDATE_DTYPE, UPDATE_UNSET, fill_row)
 
@@ -178,8 +179,6 @@ class RankLog:
         update (those after the checkpoint are re-done by the resumed run);
         ``resume_rows``: keep only the first that many ``updates`` rows (a parameter
         server's rows are per push received, several may share a version)."""
-        from .read import rows_until
-
         self.path = rank_file(run_dir, rank)
         kept, start_unix = {}, time.time()
         resuming = resume_update is not None or resume_rows is not None
