@@ -1,12 +1,14 @@
-"""Checks one topology against MPI's own collectives; run under mpiexec by the tests.
+"""Checks topologies against MPI's own collectives; run under mpiexec by the tests.
 
-Usage: mpiexec -n N python tests/mpi/check_topologies.py TOPOLOGY SEED [--large]
+Usage: mpiexec -n N python tests/mpi/check_topologies.py TOPOLOGY[,TOPOLOGY...] SEED [--large]
        mpiexec -n N python tests/mpi/check_topologies.py TOPOLOGY SEED --mismatch
 
 Written in terms of rank and size only, so it passes at any rank count.  Sizes are drawn
-from SEED (the same on every rank), and each rank's data from SEED and its rank.  Rank 0
-prints one line per failed case and a last line ``cases=K failures=F``; the exit status
-is 1 when anything failed.  ``--mismatch`` passes a longer buffer on the last rank and
+from SEED (the same on every rank), and each rank's data from SEED and its rank.  The
+topologies named are checked one after the other in one job (one launch per rank count
+for the whole registry).  Rank 0 prints one line per failed case and, per topology, a
+line ``NAME size=N seed=S cases=K failures=F``; the exit status is 1 when anything
+failed.  ``--mismatch`` passes a longer buffer on the last rank and
 expects a BufferMismatchError on some rank, which aborts the job with exit status 3.
 """
 
@@ -114,10 +116,10 @@ def run_mismatch(name: str) -> None:
 
 
 def main() -> None:
-    name, seed = sys.argv[1], int(sys.argv[2])
+    names, seed = sys.argv[1].split(","), int(sys.argv[2])
     if "--mismatch" in sys.argv:
-        run_mismatch(name)
-    failures = run_cases(name, seed, large="--large" in sys.argv)
+        run_mismatch(names[0])
+    failures = sum(run_cases(name, seed, large="--large" in sys.argv) for name in names)
     sys.exit(1 if failures else 0)
 
 
