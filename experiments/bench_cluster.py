@@ -84,7 +84,7 @@ def main() -> int:
         return 0
 
     import topologies
-    from mpirl.cluster import net
+    from mpirl.cluster import lifecycle, net
     from mpirl.cluster.launch import mpiexec_argv, run as run_on
 
     out = Path(args.out)
@@ -100,8 +100,8 @@ def main() -> int:
     started = time.monotonic()
     for nodes, per_node in layouts:
         ranks = nodes * per_node
-        net.down(NAME)
-        spec = net.up(NAME, nodes, "off", SUBNET)
+        lifecycle.down(NAME)
+        spec = lifecycle.up(NAME, nodes, "off", SUBNET)
         try:
             for rate in rates:
                 net.set_rate(spec, rate)
@@ -143,7 +143,7 @@ def main() -> int:
                           f"node0 sent {row['sent']['node0'] / 2**20:7.1f} MiB, node1 "
                           f"{row['sent']['node1'] / 2**20:7.1f} MiB", flush=True)
         finally:
-            net.down(NAME)
+            lifecycle.down(NAME)
     print(f"done in {time.monotonic() - started:.0f} s: {out}/")
     return 0
 

@@ -275,18 +275,18 @@ def cluster_drill(name: str, spec, out: Path) -> dict:
 
 
 def run_cluster_drills(names: list[str], out: Path) -> list[dict]:
-    from mpirl.cluster import net
+    from mpirl.cluster import lifecycle
 
     rows = []
-    net.down(CLUSTER)
-    net.up(CLUSTER, 2, "1gbit", "10.231.88.0/24")
+    lifecycle.down(CLUSTER)
+    lifecycle.up(CLUSTER, 2, "1gbit", "10.231.88.0/24")
     try:
         for name in names:
             row = cluster_drill(name, CLUSTER_SCENARIOS[name], out)
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
     finally:
-        net.down(CLUSTER)
+        lifecycle.down(CLUSTER)
     return rows
 
 

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from . import launch, net, slurm
+from . import launch, lifecycle, net, slurm
 from .net import ClusterError
 
 
@@ -86,14 +86,14 @@ def print_status(st: dict) -> None:
 
 
 def cmd_up(args) -> int:
-    spec = net.up(args.name, args.nodes, args.rate, args.subnet)
+    spec = lifecycle.up(args.name, args.nodes, args.rate, args.subnet)
     if args.slurm:
         try:
             spec.slurm = True
             net.save(spec)
             slurm.start(spec)
         except BaseException:
-            net.down(args.name)
+            lifecycle.down(args.name)
             raise
     print(f"cluster {spec.name}: {spec.nodes} nodes up ({', '.join(spec.hosts())}), link cap "
           f"{spec.rate}{', Slurm up' if spec.slurm else ''}; "
@@ -102,14 +102,14 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    removed = net.down(args.name)
+    removed = lifecycle.down(args.name)
     print(f"cluster {args.name}: " + (f"removed {len(removed)} things" if removed
                                       else "nothing to remove"))
     return 0
 
 
 def cmd_status(args) -> int:
-    st = net.status(args.name)
+    st = lifecycle.status(args.name)
     print(json.dumps(st, indent=1)) if args.json else print_status(st)
     return 0
 

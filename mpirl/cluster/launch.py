@@ -3,7 +3,7 @@
 ``mpiexec`` itself runs on the login node (the namespaces have no route to the machine's
 own network, so the launcher must sit on the bridge too; and a compute node killed or cut
 off must not take the launcher with it) and starts one proxy per node through the
-cluster's launch agent (:func:`mpirl.cluster.net.write_agent`).
+cluster's launch agent (:func:`mpirl.cluster.lifecycle.write_agent`).
 Ranks are placed in blocks: ranks 0..M-1 on node0, M..2M-1 on node1, and so on.
 
 MPICH (the project's default, from PyPI) is told to use its OFI netmod over TCP: its

@@ -1,6 +1,6 @@
 """The emulated cluster's network: nodes as Linux network namespaces on one bridge.
 
-Layout (all of it inside namespaces this module creates; nothing is attached to the
+Layout (all of it inside the cluster's own namespaces; nothing is attached to the
 machine's own namespace, so no address of it changes)::
 
     <name>-switch          a namespace holding the bridge ``br0`` and one veth end
@@ -20,9 +20,10 @@ bandwidth capped.
 
 The cluster's description lives in ``/run/<name>-cluster/cluster.json`` (tmpfs: gone at
 reboot, as the namespaces are), with the hydra/PRRTE launch agent and the Slurm files.
-:func:`down` finds everything by name (namespaces ``<name>-*``, the state directory,
-daemons in those namespaces), not only through that file, so a crashed :func:`up`
-leaves nothing behind after it.
+:mod:`.lifecycle` builds and removes the cluster out of the pieces here; its
+:func:`~.lifecycle.down` finds everything by name (namespaces ``<name>-*``, the state
+directory, daemons in those namespaces), not only through that file, so a crashed
+:func:`~.lifecycle.up` leaves nothing behind after it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import ipaddress
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -42,7 +42,6 @@ from pathlib import Path
 DEFAULT_NAME = "mpirl"
 #: a private /24 used only inside the cluster's own namespaces
 DEFAULT_SUBNET = "10.231.0.0/24"
-MAX_NODES = 64
 #: the login node's host number in the subnet
 LOGIN_HOST = 254
 STATE_ROOT = Path(os.environ.get("MPIRL_CLUSTER_STATE_ROOT", "/run"))
@@ -135,29 +134,6 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_subnet(subnet: str) -> str:
-    try:
-        net = ipaddress.ip_network(subnet)
-    except ValueError as err:
-        raise ClusterError(f"--subnet {subnet!r}: {err}; allowed: a private IPv4 /24, "
-                           f"e.g. {DEFAULT_SUBNET}") from None
-    if net.version != 4 or net.prefixlen != 24 or not net.is_private:
-        raise ClusterError(f"--subnet {subnet}; allowed: a private IPv4 /24, "
-                           f"e.g. {DEFAULT_SUBNET}")
-    return str(net)
-
-
-def check_can_build() -> None:
-    """Root, iproute2 and tc are needed: say which is missing, in one line."""
-    if hasattr(os, "geteuid") and os.geteuid() != 0:
-        raise ClusterError("the emulated cluster needs root (network namespaces, veth "
-                           "links and tc qdiscs); run it as root")
-    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if shutil.which(tool) is None]
-    if missing:
-        raise ClusterError(f"the emulated cluster needs {', '.join(missing)} on PATH "
-                           "(Debian: apt-get install iproute2 util-linux)")
-
-
 # -- commands ----------------------------------------------------------------------------
 def sh(*argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
     """Run one command (no shell), its output captured; a failure raises ClusterError
@@ -200,7 +176,7 @@ def load(name: str) -> Cluster:
     return spec
 
 
-# -- up ----------------------------------------------------------------------------------
+# -- link caps ---------------------------------------------------------------------------
 #: the token bucket holds 1 ms of traffic at the cap (at least 32 KiB).  Measured on
 #: 2 cores, 4 nodes at 1 Gbit/s, 1 MiB allreduce: a 128 KiB bucket gives the cap's rate
 #: (ring 12.9 ms, bandwidth term 12.6 ms); 64, 32 and 16 KiB buckets fall to 2.1, 3.0 and
@@ -256,72 +232,7 @@ def save(spec: Cluster) -> None:
     tmp.replace(spec.state_dir / "cluster.json")
 
 
-def up(name: str, nodes: int, rate: str, subnet: str = DEFAULT_SUBNET) -> Cluster:
-    """Create the cluster; on any failure, take down what was made and raise."""
-    name, rate, subnet = check_name(name), check_rate(rate), check_subnet(subnet)
-    if not 1 <= nodes <= MAX_NODES:  # (host numbers 1..64, the login node 254)
-        raise ClusterError(f"--nodes {nodes}; allowed: 1 to {MAX_NODES}")
-    check_can_build()
-    if (state_dir(name) / "cluster.json").exists() or namespaces(name):
-        raise ClusterError(f"cluster {name!r} is already up (or left over from a crash); "
-                           "run python -m mpirl.cluster down first")
-    spec = Cluster(name=name, nodes=nodes, rate="off", subnet=subnet)
-    try:
-        sh("ip", "netns", "add", spec.switch)
-        in_ns(spec.switch, "ip", "link", "add", "br0", "type", "bridge")
-        in_ns(spec.switch, "ip", "link", "set", "br0", "up")
-        for ns, port, address in [(spec.login, "vlogin", spec.login_address),
-                                  *((spec.namespace(h), f"v{i}", spec.address(i))
-                                    for i, h in enumerate(spec.hosts()))]:
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth",
-               "peer", "name", port, "netns", spec.switch)
-            in_ns(ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
-            in_ns(ns, "ip", "link", "set", "lo", "up")
-            in_ns(ns, "ip", "link", "set", "eth0", "up")
-            in_ns(spec.switch, "ip", "link", "set", port, "master", "br0")
-            in_ns(spec.switch, "ip", "link", "set", port, "up")
-        save(spec)
-        write_agent(spec)
-        if rate != "off":
-            try:
-                set_rate(spec, rate)
-            except ClusterError as err:
-                raise ClusterError(f"{err} (the link cap needs the kernel's tbf qdisc, "
-                                   "module sch_tbf)") from None
-    except BaseException:
-        down(name)
-        raise
-    return spec
-
-
-def write_agent(spec: Cluster) -> Path:
-    """The launch agent hydra (``-launcher-exec``) and PRRTE (``plm_ssh_agent``) call
-    in place of ssh: ``agent [ssh options] HOST COMMAND...`` runs COMMAND on HOST, in
-    its namespace, under its own hostname (a UTS namespace: Open MPI tells nodes apart
-    by hostname)."""
-    hosts = " ".join(spec.hosts())
-    text = f"""#!/bin/sh
-# launch agent of the emulated cluster {spec.name!r} (written by python -m mpirl.cluster up)
-while [ $# -gt 0 ] && [ "${{1#-}}" != "$1" ]; do
-    case "$1" in -o|-p|-l|-i|-F) shift ;; esac
-    shift
-done
-host="$1"; shift
-case " {hosts} " in *" $host "*) ;; *)
-    echo "mpirl cluster agent: no node $host in cluster {spec.name} (nodes: {hosts})" >&2
-    exit 255 ;;
-esac
-exec ip netns exec "{spec.name}-$host" unshare --uts -- \\
-    sh -c 'hostname "$0" && eval "$1"' "$host" "$*"
-"""
-    path = spec.state_dir / "agent"
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
-
-
-# -- down --------------------------------------------------------------------------------
+# -- processes ---------------------------------------------------------------------------
 def pids_in(ns: str) -> list[int]:
     out = sh("ip", "netns", "pids", ns, check=False).stdout
     return [int(p) for p in out.split() if p.isdigit()]
@@ -342,25 +253,7 @@ def kill_namespace(ns: str, sig: int = signal.SIGKILL, wait_s: float = 5.0) -> l
     return pids
 
 
-def down(name: str) -> list[str]:
-    """Remove cluster ``name``: its daemons and every process in its namespaces, the
-    namespaces (and with them the links) and the state directory.  Idempotent: returns
-    what was removed ([] when nothing was there)."""
-    check_name(name)
-    from . import slurm  # noqa: PLC0415 (slurm imports this module)
-
-    removed = slurm.stop(name)
-    for ns in namespaces(name):
-        kill_namespace(ns)
-        sh("ip", "netns", "del", ns, check=False)
-        removed.append(ns)
-    if state_dir(name).exists():
-        shutil.rmtree(state_dir(name), ignore_errors=True)
-        removed.append(str(state_dir(name)))
-    return removed
-
-
-# -- status ------------------------------------------------------------------------------
+# -- links -------------------------------------------------------------------------------
 def link_bytes(spec: Cluster) -> dict[str, dict[str, int]]:
     """Bytes through each node's link since ``up``: ``sent`` (node -> switch) and
     ``received`` (switch -> node), read at the switch's port."""
@@ -373,38 +266,12 @@ def link_bytes(spec: Cluster) -> dict[str, dict[str, int]]:
     return result
 
 
-def link_caps(spec: Cluster) -> dict[str, str]:
-    """The cap tc reports on each node's eth0 ("off" where none)."""
-    caps = {}
-    for host in spec.hosts():
-        out = in_ns(spec.namespace(host), "tc", "-j", "qdisc", "show", "dev", "eth0").stdout
-        rate = "off"
-        for q in json.loads(out or "[]"):
-            if q.get("kind") == "tbf":
-                rate = spell_rate(q["options"]["rate"] * 8)
-        caps[host] = rate
-    return caps
-
-
 def link_state(spec: Cluster) -> dict[str, str]:
     """``up`` or ``down`` for each node's link (a cut link is down at the switch)."""
     out = in_ns(spec.switch, "ip", "-j", "link", "show").stdout
     flags = {e["ifname"]: e.get("flags", []) for e in json.loads(out)}
     return {host: "up" if "UP" in flags.get(f"v{i}", []) else "down"
             for i, host in enumerate(spec.hosts())}
-
-
-def status(name: str) -> dict:
-    spec = load(name)
-    from . import slurm  # noqa: PLC0415
-
-    caps, traffic, links = link_caps(spec), link_bytes(spec), link_state(spec)
-    return {"name": spec.name, "rate": spec.rate, "subnet": spec.subnet,
-            "slurm": slurm.status(spec) if spec.slurm else None,
-            "nodes": [{"host": host, "namespace": spec.namespace(host),
-                       "address": spec.address(i), "cap": caps[host], "link": links[host],
-                       "processes": len(pids_in(spec.namespace(host))), **traffic[host]}
-                      for i, host in enumerate(spec.hosts())]}
 
 
 # -- faults ------------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""The emulated cluster's lifecycle: ``up``, ``down`` and ``status`` of the whole of it,
+its network (:mod:`.net`) and its Slurm (:mod:`.slurm`) together.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+from pathlib import Path
+
+from . import slurm
+from .net import (DEFAULT_SUBNET, Cluster, ClusterError, check_name, check_rate, in_ns,
+                  kill_namespace, link_bytes, link_state, load, namespaces, pids_in, save,
+                  set_rate, sh, spell_rate, state_dir)
+
+MAX_NODES = 64
+
+
+def check_subnet(subnet: str) -> str:
+    try:
+        net = ipaddress.ip_network(subnet)
+    except ValueError as err:
+        raise ClusterError(f"--subnet {subnet!r}: {err}; allowed: a private IPv4 /24, "
+                           f"e.g. {DEFAULT_SUBNET}") from None
+    if net.version != 4 or net.prefixlen != 24 or not net.is_private:
+        raise ClusterError(f"--subnet {subnet}; allowed: a private IPv4 /24, "
+                           f"e.g. {DEFAULT_SUBNET}")
+    return str(net)
+
+
+def check_can_build() -> None:
+    """Root, iproute2 and tc are needed: say which is missing, in one line."""
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        raise ClusterError("the emulated cluster needs root (network namespaces, veth "
+                           "links and tc qdiscs); run it as root")
+    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        raise ClusterError(f"the emulated cluster needs {', '.join(missing)} on PATH "
+                           "(Debian: apt-get install iproute2 util-linux)")
+
+
+# -- up ----------------------------------------------------------------------------------
+def up(name: str, nodes: int, rate: str, subnet: str = DEFAULT_SUBNET) -> Cluster:
+    """Create the cluster; on any failure, take down what was made and raise."""
+    name, rate, subnet = check_name(name), check_rate(rate), check_subnet(subnet)
+    if not 1 <= nodes <= MAX_NODES:  # (host numbers 1..64, the login node 254)
+        raise ClusterError(f"--nodes {nodes}; allowed: 1 to {MAX_NODES}")
+    check_can_build()
+    if (state_dir(name) / "cluster.json").exists() or namespaces(name):
+        raise ClusterError(f"cluster {name!r} is already up (or left over from a crash); "
+                           "run python -m mpirl.cluster down first")
+    spec = Cluster(name=name, nodes=nodes, rate="off", subnet=subnet)
+    try:
+        sh("ip", "netns", "add", spec.switch)
+        in_ns(spec.switch, "ip", "link", "add", "br0", "type", "bridge")
+        in_ns(spec.switch, "ip", "link", "set", "br0", "up")
+        for ns, port, address in [(spec.login, "vlogin", spec.login_address),
+                                  *((spec.namespace(h), f"v{i}", spec.address(i))
+                                    for i, h in enumerate(spec.hosts()))]:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth",
+               "peer", "name", port, "netns", spec.switch)
+            in_ns(ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
+            in_ns(ns, "ip", "link", "set", "lo", "up")
+            in_ns(ns, "ip", "link", "set", "eth0", "up")
+            in_ns(spec.switch, "ip", "link", "set", port, "master", "br0")
+            in_ns(spec.switch, "ip", "link", "set", port, "up")
+        save(spec)
+        write_agent(spec)
+        if rate != "off":
+            try:
+                set_rate(spec, rate)
+            except ClusterError as err:
+                raise ClusterError(f"{err} (the link cap needs the kernel's tbf qdisc, "
+                                   "module sch_tbf)") from None
+    except BaseException:
+        down(name)
+        raise
+    return spec
+
+
+def write_agent(spec: Cluster) -> Path:
+    """The launch agent hydra (``-launcher-exec``) and PRRTE (``plm_ssh_agent``) call
+    in place of ssh: ``agent [ssh options] HOST COMMAND...`` runs COMMAND on HOST, in
+    its namespace, under its own hostname (a UTS namespace: Open MPI tells nodes apart
+    by hostname)."""
+    hosts = " ".join(spec.hosts())
+    text = f"""#!/bin/sh
+# launch agent of the emulated cluster {spec.name!r} (written by python -m mpirl.cluster up)
+while [ $# -gt 0 ] && [ "${{1#-}}" != "$1" ]; do
+    case "$1" in -o|-p|-l|-i|-F) shift ;; esac
+    shift
+done
+host="$1"; shift
+case " {hosts} " in *" $host "*) ;; *)
+    echo "mpirl cluster agent: no node $host in cluster {spec.name} (nodes: {hosts})" >&2
+    exit 255 ;;
+esac
+exec ip netns exec "{spec.name}-$host" unshare --uts -- \\
+    sh -c 'hostname "$0" && eval "$1"' "$host" "$*"
+"""
+    path = spec.state_dir / "agent"
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+# -- down --------------------------------------------------------------------------------
+def down(name: str) -> list[str]:
+    """Remove cluster ``name``: its daemons and every process in its namespaces, the
+    namespaces (and with them the links) and the state directory.  Idempotent: returns
+    what was removed ([] when nothing was there)."""
+    check_name(name)
+    removed = slurm.stop(name)
+    for ns in namespaces(name):
+        kill_namespace(ns)
+        sh("ip", "netns", "del", ns, check=False)
+        removed.append(ns)
+    if state_dir(name).exists():
+        shutil.rmtree(state_dir(name), ignore_errors=True)
+        removed.append(str(state_dir(name)))
+    return removed
+
+
+# -- status ------------------------------------------------------------------------------
+def link_caps(spec: Cluster) -> dict[str, str]:
+    """The cap tc reports on each node's eth0 ("off" where none)."""
+    caps = {}
+    for host in spec.hosts():
+        out = in_ns(spec.namespace(host), "tc", "-j", "qdisc", "show", "dev", "eth0").stdout
+        rate = "off"
+        for q in json.loads(out or "[]"):
+            if q.get("kind") == "tbf":
+                rate = spell_rate(q["options"]["rate"] * 8)
+        caps[host] = rate
+    return caps
+
+
+def status(name: str) -> dict:
+    spec = load(name)
+    caps, traffic, links = link_caps(spec), link_bytes(spec), link_state(spec)
+    return {"name": spec.name, "rate": spec.rate, "subnet": spec.subnet,
+            "slurm": slurm.status(spec) if spec.slurm else None,
+            "nodes": [{"host": host, "namespace": spec.namespace(host),
+                       "address": spec.address(i), "cap": caps[host], "link": links[host],
+                       "processes": len(pids_in(spec.namespace(host))), **traffic[host]}
+                      for i, host in enumerate(spec.hosts())]}

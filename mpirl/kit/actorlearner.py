@@ -1,0 +1,154 @@
+"""What the actor-learner designs (impala, seed, ga3c) share: the reply records, the
+learner's unroll queue and V-trace step, the accounting and the run's end.
+
+Wiring common to all three: a learner rank holds the only optimizer; experience
+reaches it as unrolls (:mod:`mpirl.parts.unroll`) through request/reply channels
+(:mod:`topologies.channels`); the parameters it publishes are versioned, and every
+unroll carries the version that produced it, so the learner knows each unroll's
+*policy lag* (its version now minus that one) and V-trace corrects for it.
+
+Accounting, checked at the end of every run (:class:`AccountingError` otherwise):
+unrolls sent = used + dropped; seed/ga3c requests sent = answered + dropped, and
+actions received = requests answered.  Shutdown drains every channel: each client's
+one outstanding message is taken and answered with STOP before the channels close,
+so nothing is in flight at ``MPI_Finalize``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+from mpi4py import MPI
+
+from ..parts.unroll import M, batch_unrolls
+from .common import Summary
+
+TAG_PARAMS = 62      # reply: meta + parameters
+TAG_KEEP = 63        # reply: meta only (keep the parameters you have)
+TAG_STOP = 64        # reply: meta only; the client's last message
+TAG_ACTIONS = 65     # seed/ga3c reply: meta + one action per env
+#: the numbers at the head of every reply (float64)
+REPLY_META = ("version",)
+
+
+class AccountingError(RuntimeError):
+    """What was sent does not add up to what was used plus what was dropped."""
+
+
+def params_reply(n_params: int) -> np.ndarray:
+    """A reply record: ``meta`` (:data:`REPLY_META`), then the flat parameters; sent
+    whole (``TAG_PARAMS``) or as its meta prefix alone (``TAG_KEEP``, ``TAG_STOP``)."""
+    return np.zeros(1, dtype=np.dtype([("meta", "f8", (len(REPLY_META),)),
+                                       ("params", "f4", (n_params,))]))
+
+
+def meta_nbytes() -> int:
+    return 8 * len(REPLY_META)
+
+
+class UnrollQueue:
+    """The learner's queue of unrolls (the replay part's FIFO role in IMPALA): unrolls
+    older than ``max_lag`` updates when they arrive or when taken are dropped."""
+
+    def __init__(self, max_lag: int = 0) -> None:
+        self.max_lag = max_lag
+        self.items: deque[np.ndarray] = deque()
+        self.received = self.used = self.dropped = 0
+        self.lags: list[int] = []          # of every unroll used, in order
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _too_old(self, record: np.ndarray, version: int) -> bool:
+        return bool(self.max_lag) and version - int(record[0]["meta"][M["version"]]) > self.max_lag
+
+    def add(self, record: np.ndarray, version: int) -> None:
+        self.received += 1
+        if self._too_old(record, version):
+            self.dropped += 1
+        else:
+            self.items.append(record)
+
+    def take(self, count: int, version: int) -> list[np.ndarray]:
+        """``count`` unrolls, oldest first, once that many not older than the bound are
+        queued (the older ones are dropped first); else none."""
+        if self.max_lag:            # without a bound nothing ages out: no pass over them
+            kept = [r for r in self.items if not self._too_old(r, version)]
+            self.dropped += len(self.items) - len(kept)
+            self.items = deque(kept)
+        if len(self.items) < count:
+            return []
+        out = [self.items.popleft() for _ in range(count)]
+        self.used += len(out)
+        self.lags.extend(version - int(r[0]["meta"][M["version"]]) for r in out)
+        return out
+
+    def drop_rest(self) -> None:
+        self.dropped += len(self.items)
+        self.items.clear()
+
+
+class VtraceTrainer:
+    """One learner update from a batch of unrolls: V-trace gradient, the average over
+    learner ranks (``exchange``: a topology on the learners' communicator, or None),
+    the optimizer step.  ``version`` counts updates (the parameter version)."""
+
+    def __init__(self, cfg, learner, exchange=None) -> None:
+        self.cfg, self.learner, self.exchange = cfg, learner, exchange
+        self.version = 0
+
+    def train(self, records: list[np.ndarray], timer) -> dict:
+        learner = self.learner
+        with timer("backward_s"):
+            unrolls = batch_unrolls(records, self.cfg.gamma)
+        losses = learner.vtrace_gradient(unrolls, timer)
+        if self.exchange is not None:
+            with timer("exchange_s"):
+                self.exchange.allreduce(learner.grad, average=True)
+        learner.apply(timer)
+        self.version += 1
+        return losses
+
+
+def report(progress, version: int, env_steps: int, window: list[float],
+           lags: list[int]) -> list[float]:
+    """One progress line (mean policy lag in the staleness column); a fresh window."""
+    recent = lags[-100:]
+    progress.report(update=version, env_steps=env_steps, episodes=window[0],
+                    return_sum=window[1], comm_share=0.0,
+                    mean_staleness=float(np.mean(recent)) if recent else 0.0)
+    return [0.0, 0.0]
+
+
+def lag_stats(lags: list[int]) -> tuple[float, float]:
+    """Mean and 95th percentile of policy lags (NaN when there are none)."""
+    if not lags:
+        return math.nan, math.nan
+    values = np.asarray(lags, dtype=np.float64)
+    return float(values.mean()), float(np.percentile(values, 95))
+
+
+def settle(summary: Summary, comm: MPI.Comm, *, unrolls: tuple[int, int, int],
+           requests: tuple[int, int, int, int], bytes_sent: int, env_s: float,
+           wall_s: float, is_actor: bool) -> None:
+    """The run's totals over every rank (collective), checked: ``unrolls`` this rank
+    sent, used, dropped; ``requests`` sent, answered, dropped and actions received."""
+    totals = np.asarray([*unrolls, *requests, bytes_sent, env_s if is_actor else 0.0,
+                         wall_s if is_actor else 0.0], dtype=np.float64)
+    comm.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)
+    (summary.unrolls_sent, summary.unrolls_used, summary.unrolls_dropped,
+     summary.requests_sent, summary.requests_answered, summary.requests_dropped,
+     summary.actions_received) = (int(x) for x in totals[:7])
+    summary.bytes_per_env_step = totals[7] / summary.env_steps if summary.env_steps else math.nan
+    summary.actor_env_share = totals[8] / totals[9] if totals[9] else math.nan
+    s = summary
+    if s.unrolls_sent != s.unrolls_used + s.unrolls_dropped:
+        raise AccountingError(f"{s.unrolls_sent} unrolls sent, but {s.unrolls_used} used + "
+                              f"{s.unrolls_dropped} dropped")
+    if s.requests_sent != s.requests_answered + s.requests_dropped or \
+            s.actions_received != s.requests_answered:
+        raise AccountingError(f"{s.requests_sent} requests sent, {s.requests_answered} "
+                              f"answered + {s.requests_dropped} dropped, "
+                              f"{s.actions_received} actions received")
