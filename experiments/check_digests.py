@@ -1,0 +1,102 @@
+"""Behaviour kept across a redesign: the final parameter SHA-256 of every design, before
+and after.
+
+    python experiments/check_digests.py record DIR     # on the code before the change
+    python experiments/check_digests.py check DIR      # on the code after it
+
+``record`` runs every case below once into ``DIR/<case>/`` and writes
+``DIR/digests.json`` (case -> SHA-256).  ``check`` runs each case again: a synchronous
+case plainly (it is deterministic), an asynchronous one with ``--replay-schedule
+DIR/<case>`` (its recorded order of events enforced, :mod:`mpirl.resilience.schedule`),
+and compares the digests; it prints one line per case and exits 1 if any differs.
+Budgets are small (a few thousand env steps on CartPole): the point is equal bytes, not
+learning.  Every job has a time cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mpirl.launch import mpi_env, mpiexec_command  # noqa: E402
+
+BASE = ["--env", "CartPole-v1", "--seed", "7", "--log-every", "1000"]
+#: case -> (ranks, flags, asynchronous: replayed from its schedule when checked)
+CASES: dict[str, tuple[int, list[str], bool]] = {
+    **{f"sync-{top}-{n}r": (n, ["--mode", "sync", "--topology", top, "--total-steps", "3000"],
+                            False)
+       for top in ("native", "star", "tree", "butterfly", "ring") for n in (1, 2, 3, 4)},
+    "async-3r": (3, ["--mode", "async", "--topology", "star", "--total-steps", "3000"], True),
+    "quorum-4r": (4, ["--mode", "quorum", "--topology", "star", "--total-steps", "3000"], True),
+    "async-sharded-4r": (4, ["--mode", "async", "--topology", "star", "--servers", "2",
+                             "--checkpoint-every", "0", "--total-steps", "3000"], True),
+    "impala-3r": (3, ["--mode", "impala", "--total-steps", "4000"], True),
+    "seed-3r": (3, ["--mode", "seed", "--total-steps", "3000"], True),
+    "ga3c-4r": (4, ["--mode", "ga3c", "--total-steps", "3000"], True),
+    "apex-5r": (5, ["--mode", "apex", "--replay-ranks", "2", "--learning-starts", "500",
+                    "--replay-batch", "64", "--total-steps", "4000"], True),
+    "gorila-local-4r": (4, ["--mode", "gorila", "--servers", "2", "--learning-starts", "500",
+                            "--replay-batch", "64", "--total-steps", "4000"], True),
+    "gorila-service-5r": (5, ["--mode", "gorila", "--servers", "2", "--gorila-replay",
+                              "service", "--learning-starts", "500", "--replay-batch", "64",
+                              "--total-steps", "4000"], True),
+}
+
+
+def run_case(name: str, run_dir: Path, replay_from: Path | None, timeout_s: float) -> str:
+    """Run one case into ``run_dir/name`` and return its parameter SHA-256."""
+    ranks, flags, _ = CASES[name]
+    argv = [*BASE, *flags, "--run-dir", str(run_dir), "--run-name", name]
+    if replay_from is not None:
+        argv += ["--replay-schedule", str(replay_from)]
+    cmd = mpiexec_command(ranks, [sys.executable, "-m", "mpirl.run", *argv])
+    done = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True,
+                          timeout=timeout_s)
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: exit {done.returncode}\n{(done.stdout + done.stderr)[-3000:]}")
+    return json.loads((run_dir / name / "summary.json").read_text())["param_digest"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("record", "check"))
+    parser.add_argument("dir", type=Path, help="where the recorded runs and digests.json are")
+    parser.add_argument("--only", nargs="*", default=None, help="a subset of the cases")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="cap per job")
+    args = parser.parse_args(argv)
+    names = args.only or list(CASES)
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; allowed: {', '.join(CASES)}")
+    store = args.dir / "digests.json"
+    if args.action == "record":
+        args.dir.mkdir(parents=True, exist_ok=True)
+        digests = json.loads(store.read_text()) if store.is_file() else {}
+        for name in names:
+            digests[name] = run_case(name, args.dir, None, args.timeout_s)
+            print(f"{name:22s} {digests[name]}", flush=True)
+            store.write_text(json.dumps(digests, indent=1))
+        return 0
+    recorded = json.loads(store.read_text())
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="mpirl-digests-") as tmp:
+        for name in names:
+            replay = args.dir / name if CASES[name][2] else None
+            digest = run_case(name, Path(tmp), replay, args.timeout_s)
+            same = digest == recorded[name]
+            failed += not same
+            print(f"{name:22s} {'same' if same else 'DIFFERS'} {digest[:16]} "
+                  f"(recorded {recorded[name][:16]})", flush=True)
+    print(f"{len(names) - failed} of {len(names)} cases kept their parameter SHA-256")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
