@@ -69,8 +69,7 @@ def startup_error(comm, argv: list[str]):
 def clean_exits() -> dict:
     """Exceptions that every rank sees alike, so the job ends cleanly: the exit status
     and the prefix of rank 0's one line.  Anything else is one rank's and aborts the job."""
-    from .designs.common import StartupMismatch      # torch: only once training starts
-    from .designs.sync import ReplicaDivergence
+    from .errors import ReplicaDivergence, StartupMismatch
     from .resilience.stop import StopRequested
 
     return {StopRequested: (143, ""),                # every rank stopped at the same update

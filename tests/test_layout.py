@@ -1,5 +1,6 @@
 """The architecture's import direction, checked on the source: topologies <- parts <-
-designs <- run; telemetry <- analysis; nothing in mpirl/ imports analysis/.
+kit <- designs <- run; registry and errors below all; telemetry <- analysis; nothing in
+mpirl/ imports analysis/; no design imports another; no import cycle anywhere.
 
 Every import counts, also one inside a function (the lazy imports that keep torch out
 of start-up still tie the modules together)."""
@@ -18,19 +19,28 @@ OURS = ("mpirl", "topologies", "analysis")
 #: first; each entry names the layers below it that it uses.
 ALLOWED = {
     "topologies": set(),
+    "mpirl.registry": set(),                           # the designs' rows: read by all
+    "mpirl.errors": set(),                             # ConfigError: raised by all
     "mpirl.launch": {"mpirl.resilience.sentinel"},     # abort_job silences the sentinel
-    "mpirl.config": {"topologies", "mpirl.parts.envs",  # validation looks up registries
+    "mpirl.config": {"topologies", "mpirl.registry",   # validation looks up registries,
+                     "mpirl.errors", "mpirl.parts.envs",
+                     "mpirl.resilience.faults",         # --fail's syntax,
                      "mpirl.resilience.checkpoint",     # and --resume's files, and
                      "mpirl.resilience.schedule"},      # --replay-schedule's
     "mpirl.parts": {"topologies"},
-    "mpirl.telemetry": {"mpirl", "mpirl.launch"},       # mpirl: its __version__
-    "mpirl.resilience": {"topologies", "mpirl.config", "mpirl.launch"},
-    "mpirl.designs": {"topologies", "mpirl.config", "mpirl.launch", "mpirl.parts",
-                      "mpirl.resilience", "mpirl.telemetry"},
+    "mpirl.telemetry": {"mpirl", "mpirl.launch", "mpirl.registry"},   # mpirl: __version__
+    "mpirl.resilience": {"topologies", "mpirl.registry", "mpirl.errors", "mpirl.launch"},
+    # the design kit: what several designs share (mpirl/kit/__init__.py)
+    "mpirl.kit": {"topologies", "mpirl.registry", "mpirl.errors", "mpirl.config",
+                  "mpirl.launch", "mpirl.parts", "mpirl.resilience", "mpirl.telemetry"},
+    "mpirl.designs": {"topologies", "mpirl.registry", "mpirl.errors", "mpirl.config",
+                      "mpirl.launch",
+                      "mpirl.kit", "mpirl.parts", "mpirl.resilience", "mpirl.telemetry"},
     "mpirl.cluster": {"mpirl.launch"},                  # mpiexec's path, MPI settings
     "mpirl.study": {"topologies", "mpirl.config", "mpirl.launch", "mpirl.resilience",
                     "mpirl.telemetry", "mpirl.cluster"},   # sweep --launcher cluster
-    "mpirl.run": {"mpirl.config", "mpirl.launch", "mpirl.designs", "mpirl.resilience"},
+    "mpirl.run": {"mpirl.errors", "mpirl.config", "mpirl.launch", "mpirl.designs",
+                  "mpirl.resilience"},
     "analysis": {"mpirl.telemetry", "mpirl.study.figures",    # the schema's reader, palette
                  # analysis.cluster: the cost model's and the simulator's predictions
                  # drawn beside the measurements, and the link cap's units
@@ -115,3 +125,45 @@ def test_every_package_has_a_layer():
     packages = {module_name(p) for p in SOURCES if p.name == "__init__.py"}
     assert all(layer(p) is not None or p == "mpirl" for p in packages), \
         [p for p in packages if layer(p) is None]
+
+
+def modules_in_cycles() -> list[str]:
+    """The modules that reach themselves in the import graph (packages as their
+    ``__init__``): each lies on an import cycle."""
+    graph = {module_name(p): imports(p) for p in SOURCES}
+
+    def reachable(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            fresh = graph.get(todo.pop(), set()) - seen
+            seen |= fresh
+            todo += fresh
+        return seen
+
+    return sorted(m for m in graph if m in reachable(m))
+
+
+def test_no_module_imports_a_module_that_imports_it_back():
+    # every import points down, inside a layer too: a cycle (even through a lazy import
+    # inside a function) means two modules that cannot be understood apart
+    assert not modules_in_cycles()
+
+
+def test_no_design_imports_another_design():
+    # a design is one module plus one registry row: what two designs share is in the kit
+    designs = {module_name(p) for p in (ROOT / "mpirl" / "designs").glob("*.py")
+               if p.name != "__init__.py"}
+    for name in sorted(designs):
+        path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+        assert not imports(path) & designs, f"{name} imports {sorted(imports(path) & designs)}"
+
+
+def test_every_registered_design_runs_a_function_of_its_module():
+    from mpirl import registry
+
+    for design in registry.DESIGNS.values():
+        module, _, function = design.entry.partition(":")
+        path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+        assert module.startswith("mpirl.designs.") and path.is_file(), design.entry
+        assert f"def {function}(" in path.read_text(), design.entry

@@ -99,8 +99,8 @@ def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
     (3, ["--mode", "sync", "--servers", "2"], "servers=2 with mode='sync'; allowed: 1"),
     (5, ["--mode", "gorila", "--gorila-replay", "service", "--servers", "2",
          "--replay-ranks", "2"],
-     "replay_ranks=2 with servers=2 and 5 ranks leaves 1 workers, and every replay rank "
-     "needs one; allowed: 1..1"),
+     "replay_ranks=2 with 5 ranks leaves 1 workers, and every replay rank needs one; "
+     "allowed: 1..1"),
     (3, ["--mode", "apex", "--env", "Pendulum-v1"], "a discrete action space"),
     (2, ["--mode", "seed", "--learner-device", "cuda"],
      "learner_device='cuda' but torch sees no GPU on this machine; allowed here: cpu"),

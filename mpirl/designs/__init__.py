@@ -1,55 +1,38 @@
-"""The training designs compared by mpirl, registered by ``--mode`` name.
+"""The training designs compared by mpirl, run by ``--mode`` name.
 
 Each design is a function ``run(cfg, comm, run_dir) -> Summary`` that every rank calls:
 one module per architecture, each a wiring of the five parts (:mod:`mpirl.parts`) to
 ranks that says what travels between them.  How bytes move is the topology's business
-(``topologies/``); what a gradient is, the learner's.
-
-========  =========================================  ==============================
-mode      wiring                                     what travels
-========  =========================================  ==============================
-sync      every rank: envs, actor, learner            gradients, by allreduce
-async     rank 0: parameter server; others: workers   gradients up, parameters down
-quorum    as async; the server steps on K fresh ones  gradients up, parameters down
-impala    ranks 0..L-1: learners; others: actors      unrolls up, parameters down
-seed      rank 0: learner + inference; others: envs   observations up, actions down
-ga3c      rank 0: trainer; 1: predictor; others: envs observations up, actions down;
-                                                      unrolls to the trainer
-apex      rank 0: learner; 1..R: replay; others:      prioritized transitions up,
-          actors                                      batches to the learner,
-                                                      priorities back, parameters down
-gorila    ranks 0..S-1: parameter shards; others:     gradient shards up, parameter
-          actor-learners with a local replay          shards down
-========  =========================================  ==============================
+(``topologies/``); what a gradient is, the learner's.  Which module runs a mode, and all
+else that follows from its wiring, is its row in the design registry
+(:mod:`mpirl.registry`); :func:`train` runs the row's entry.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from mpi4py import MPI
 
-from ..config import ACTOR_LEARNER_MODES, MODES, Config
+from .. import registry
+from ..config import Config
 from ..launch import cpu_count
 from ..resilience import sentinel
-from ..telemetry import schema, superblock
+from ..telemetry import superblock
 from ..telemetry.h5log import rank_file, run_file
-from .common import Summary, ranks_sharing_cores
-from .apex import run_apex
-from .impala import run_impala
-from .gorila import run_gorila
-from .paramserver import run_async, run_quorum
-from .seed import run_ga3c, run_seed
-from .sync import run_sync
+from ..kit.common import Summary, ranks_sharing_cores
 
-DESIGNS = {"sync": run_sync, "async": run_async, "quorum": run_quorum, "impala": run_impala,
-           "seed": run_seed, "ga3c": run_ga3c, "apex": run_apex, "gorila": run_gorila}
-assert tuple(DESIGNS) == MODES, "mpirl.config.MODES must name the designs registered here"
-assert ACTOR_LEARNER_MODES == schema.ACTOR_LEARNER_MODES, "the readers must know them too"
+
+def entry(mode: str) -> Callable[[Config, MPI.Comm, Path], Summary]:
+    """The run function of ``mode``'s registry row, imported."""
+    module, _, function = registry.design(mode).entry.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
@@ -81,7 +64,7 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
     mend = (rank_file(run_dir, rank), *([run_file(run_dir)] if rank == 0 else []))
     watcher = sentinel.start(run_dir, rank, mend=mend, mender=superblock.__file__)
     try:
-        summary = DESIGNS[cfg.mode](cfg, comm, run_dir)
+        summary = entry(cfg.mode)(cfg, comm, run_dir)
     except BaseException:
         watcher.close(sentinel.REPORTED)         # mpirl.run reports it (or it is a stop)
         raise
@@ -96,38 +79,41 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
 
 
 def describe(s: Summary) -> str:
+    """The summary's lines: totals, then one line per ledger of the design."""
+    rate = s.env_steps / s.wall_s if s.wall_s else math.nan
     lines = [f"done: {s.updates} updates, {s.env_steps} env steps in {s.wall_s:.1f} s "
-             f"({s.env_steps / s.wall_s if s.wall_s else math.nan:.0f} steps/s); "
-             f"final mean return {s.final_mean_return:.1f}"]
-    if s.mode == "apex":
-        lines.append(f"transitions: {s.transitions_sent} sent = {s.transitions_inserted} "
-                     f"inserted ({s.replay_evicted} evicted), {s.transitions_sampled} sampled, "
-                     f"{s.priority_updates} priorities updated; policy lag mean "
-                     f"{s.mean_policy_lag:.2f}, p95 {s.p95_policy_lag:.0f} updates; "
-                     f"{s.bytes_per_env_step:.0f} bytes per env step; actors' env share "
-                     f"{100 * s.actor_env_share:.1f}%")
-        return "\n".join(lines)
-    if s.mode in ACTOR_LEARNER_MODES:
-        lines.append(f"unrolls: {s.unrolls_sent} sent = {s.unrolls_used} used + "
-                     f"{s.unrolls_dropped} dropped; policy lag mean {s.mean_policy_lag:.2f}, "
-                     f"p95 {s.p95_policy_lag:.0f} updates; {s.bytes_per_env_step:.0f} bytes "
-                     f"per env step; actors' env share {100 * s.actor_env_share:.1f}%")
-        if s.requests_sent:
-            lines.append(f"requests: {s.requests_sent} sent = {s.requests_answered} answered "
-                         f"+ {s.requests_dropped} dropped; {s.mean_inference_batch:.1f} "
-                         "observations per forward pass")
-        return "\n".join(lines)
-    lines.append(f"gradients: {s.gradients_sent} sent = {s.gradients_applied} applied + "
-                 f"{s.gradients_dropped} dropped; communication {100 * s.comm_share:.1f}% of "
-                 "workers' busy time")
-    if s.mode == "gorila":
-        lines.append(f"replay: {s.transitions_sent} transitions sent = "
-                     f"{s.transitions_inserted} inserted ({s.replay_evicted} evicted), "
-                     f"{s.transitions_sampled} sampled, {s.priority_updates} priorities "
-                     f"updated ({s.priority_stale} stale)")
+             f"({rate:.0f} steps/s); final mean return {s.final_mean_return:.1f}"]
+    lines += [LEDGER_LINES[ledger](s) for ledger in registry.design(s.mode).ledgers
+              if ledger in LEDGER_LINES and not (ledger == "requests" and not s.requests_sent)]
     if s.ranks_failed:
         lines.append(f"survived the failure of rank(s) {s.ranks_failed}: finished with "
                      f"{s.ranks - len(s.ranks_failed)} of {s.ranks} ranks (--on-failure shrink)")
-    if not math.isnan(s.mean_staleness):
-        lines[1] += f"; mean staleness {s.mean_staleness:.2f}"
     return "\n".join(lines)
+
+
+def _gradients_line(s: Summary) -> str:
+    line = (f"gradients: {s.gradients_sent} sent = {s.gradients_applied} applied + "
+            f"{s.gradients_dropped} dropped; communication {100 * s.comm_share:.1f}% of "
+            "workers' busy time")
+    if not math.isnan(s.mean_staleness):
+        line += f"; mean staleness {s.mean_staleness:.2f}"
+    return line
+
+
+#: one summary line per ledger (:data:`mpirl.registry.LEDGERS`)
+LEDGER_LINES: dict[str, Callable[[Summary], str]] = {
+    "gradients": _gradients_line,
+    "unrolls": lambda s: (f"unrolls: {s.unrolls_sent} sent = {s.unrolls_used} used + "
+                          f"{s.unrolls_dropped} dropped"),
+    "lag": lambda s: (f"policy lag mean {s.mean_policy_lag:.2f}, p95 {s.p95_policy_lag:.0f} "
+                      f"updates; {s.bytes_per_env_step:.0f} bytes per env step; actors' env "
+                      f"share {100 * s.actor_env_share:.1f}%"),
+    "requests": lambda s: (f"requests: {s.requests_sent} sent = {s.requests_answered} "
+                           f"answered + {s.requests_dropped} dropped; "
+                           f"{s.mean_inference_batch:.1f} observations per forward pass"),
+    "transitions": lambda s: (f"transitions: {s.transitions_sent} sent = "
+                              f"{s.transitions_inserted} inserted ({s.replay_evicted} "
+                              f"evicted), {s.transitions_sampled} sampled, "
+                              f"{s.priority_updates} priorities updated ({s.priority_stale} "
+                              "stale)"),
+}

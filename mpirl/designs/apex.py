@@ -52,8 +52,12 @@ from topologies.channels import PAUSE_S, ChannelClient, ChannelServer, as_bytes
 from topologies.paramserver import DeadlineExceeded
 
 from ..config import Config
+from ..kit.actorlearner import (TAG_PARAMS, TAG_STOP, AccountingError, lag_stats, meta_nbytes,
+                                params_reply, report, settle)
+from ..kit.common import (Episodes, Summary, build_dqn, check_same_model, final_mean_return,
+                          reached_target)
+from ..kit.replayservice import BlockSender, ReplayRank, SampleClient, check_counts, traffic
 from ..parts.actor import Actor
-from ..parts.envs import make_envs
 from ..parts.learner.dqn import DqnLearner, EpsilonGreedy, apex_epsilon, nstep_transitions
 from ..parts.replay import beta_at
 from ..parts.transitions import R, TransitionLayout, as_batch
@@ -62,24 +66,9 @@ from ..resilience.schedule import Schedule, ScheduleDiverged
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .actorlearner import (TAG_PARAMS, TAG_STOP, AccountingError, lag_stats, meta_nbytes,
-                           params_reply, report, settle)
-from .common import Episodes, Summary, check_same_model, final_mean_return, reached_target
-from .replayservice import BlockSender, ReplayRank, SampleClient, check_counts, traffic
 
 REQUEST_META = ("index", "env_steps", "episodes", "return_sum", "recent_mean", "stop")
 Q = {name: i for i, name in enumerate(REQUEST_META)}
-
-
-def build_dqn(cfg: Config, rank: int, *, with_actor: bool):
-    """This rank's DQN learner (the same initial network everywhere) and its actor."""
-    env_seed = cfg.seed + 10000 * rank
-    envs = make_envs(cfg.env, cfg.num_envs, env_seed, cfg.action_repeat, cfg.env_kwargs())
-    learner = DqnLearner(cfg, envs.single_observation_space, envs.single_action_space)
-    if not with_actor:
-        envs.close()
-        return learner, None
-    return learner, Actor(envs, env_seed, slowdown=cfg.slowdown_of(rank))
 
 
 def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:

@@ -18,7 +18,7 @@ per-shard updates).  A worker therefore acts with shards of different ages.
   - ``--gorila-replay local``: its own :class:`~mpirl.parts.replay.PrioritizedReplay`
     (set ``--replay-alpha 0`` for Gorila's uniform one);
   - ``--gorila-replay service``: Gorila's distributed replay memory, as the
-    :mod:`~mpirl.designs.replayservice` ranks Ape-X uses.  Ranks ``S..S+R-1``
+    :mod:`~mpirl.kit.replayservice` ranks Ape-X uses.  Ranks ``S..S+R-1``
     (``--replay-ranks R``) are replay ranks; worker ``i`` inserts its rollouts into
     replay ``S + i mod R`` (one block in flight) and samples its batches from it (one
     request in flight, carrying the previous batch's priorities; the next request
@@ -26,7 +26,7 @@ per-shard updates).  A worker therefore acts with shards of different ages.
     worker waits for a batch once its replay reported its warm-up size (with
     ``--train-intensity``, never: it polls, and collects more while held).
   ``--target-return`` is judged on the greediest worker's episodes (the last one).
-* ``async --servers S``: A3C's workers (:class:`mpirl.designs.paramserver.Worker`)
+* ``async --servers S``: A3C's workers (:class:`mpirl.kit.pushpull.Worker`)
   with their gradients split over S servers: the same workload as ``async``, so the
   effect of sharding the master's traffic can be measured.
 
@@ -45,7 +45,6 @@ worker whether each look for its batch found it.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -55,255 +54,32 @@ from mpi4py import MPI
 from topologies.shardedps import ShardedParameterServer
 
 from ..config import Config
+from ..kit.common import Episodes, Summary, build_dqn
+from ..kit.pushpull import _PUSHES, _STEPS, META, AccountingError
+from ..kit.replayservice import BlockSender, SampleClient, replay_warmup, traffic
+from ..kit.shards import GORILA_META, ShardComms, run_sharded
 from ..parts.learner.dqn import EpsilonGreedy, apex_epsilon
 from ..parts.replay import PrioritizedReplay, beta_at
-from ..parts.server import AsyncPolicy, ShardOptimizer
 from ..parts.transitions import R, TransitionLayout, as_batch, fill
 from ..resilience.guard import Guard
 from ..resilience.schedule import BATCH, Schedule
-from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .apex import build_dqn
-from .common import Episodes, Summary, build_replica, check_same_model, final_mean_return
-from .paramserver import _PUSHES, _STEPS, META, AccountingError, ServerBook, Worker
-from .replayservice import (COUNTS, BlockSender, ReplayRank, SampleClient, check_counts,
-                            replay_warmup, traffic)
-
-#: a worker's push meta: the parameter server's, plus "this push only leaves the shard"
-GORILA_META = (*META, "leave")
-_LEAVE = len(META)
-LEFT = -2            # a shard's schedule: the version of a leaving push
 
 
 def run_gorila(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
-    return run_sharded(cfg, comm, run_dir, dqn=True)
+    return run_sharded(cfg, comm, run_dir, build=build_dqn, make_worker=_worker,
+                       transitions=True)
 
 
-def run_sharded(cfg: Config, comm: MPI.Comm, run_dir: Path, *, dqn: bool) -> Summary:
-    """gorila (``dqn``) or async over ``--servers`` shards."""
-    rank, size, servers = comm.Get_rank(), comm.Get_size(), cfg.servers
-    replays = cfg.replay_ranks if dqn and cfg.gorila_replay == "service" else 0
-    first_worker = servers + replays
-    build = build_dqn if dqn else build_replica
-    learner, actor = build(cfg, rank, with_actor=rank >= first_worker)
-    check_same_model(comm, learner)
-    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
-                      gradient_bytes=learner.grad.nbytes)
-    comms = _Comms(comm, servers, replays)
-    part, sps = _make_part(cfg, comms, learner, actor, dqn, run_dir)
-    if sps is None:
-        part.run()
-    elif sps.is_server:
-        part.serve()
-    else:
-        part.work()
-    _settle(summary, comm, sps, part, learner, first_worker)
-    if dqn:
-        _settle_replay(summary, comm, part)
-    summary.final_mean_return = final_mean_return(
-        comm, part.episodes if rank >= first_worker else None)
-    part.log.close(summary.totals())
-    if sps is not None:
-        sps.free()
-    comms.free()
-    return summary
-
-
-class _Comms:
-    """The wiring: ``servers`` server ranks, then ``replays`` replay ranks (gorila
-    --gorila-replay service), then workers.  With replay ranks, the servers and workers
-    exchange shards on a communicator without them, and samples travel on a duplicate."""
-
-    def __init__(self, comm: MPI.Comm, servers: int, replays: int) -> None:
-        self.world, self.servers, self.replays = comm, servers, replays
-        rank = comm.Get_rank()
-        self.first_worker = servers + replays
-        self.workers = list(range(self.first_worker, comm.Get_size()))
-        self.is_replay = servers <= rank < self.first_worker
-        if replays:
-            self.samples = comm.Dup()
-            self.ps = comm.Split(MPI.UNDEFINED if self.is_replay else 0, rank)
-        else:
-            self.samples, self.ps = None, comm
-
-    def replay_of(self, worker: int) -> int:
-        """The replay rank a worker (world rank) inserts into and samples from."""
-        return self.servers + (worker - self.first_worker) % self.replays
-
-    def free(self) -> None:
-        if self.replays:
-            self.samples.Free()
-            if self.ps != MPI.COMM_NULL:
-                self.ps.Free()
-
-
-def _make_part(cfg: Config, comms: _Comms, learner, actor, dqn: bool, run_dir: Path):
-    """This rank's part (a replay rank, a shard server or a worker) and the sharded
-    exchange (None on a replay rank)."""
-    world, rank = comms.world, comms.world.Get_rank()
-    layout = TransitionLayout(learner.obs_space.shape, cfg.num_envs * cfg.rollout_steps,
-                              cfg.replay_batch) if dqn else None
-    if comms.is_replay:
-        mine = [w for w in comms.workers if comms.replay_of(w) == rank]
-        return ReplayRank(cfg, world, layout, mine, mine, run_dir,
-                          samples_comm=comms.samples), None
-    leave = np.zeros(len(GORILA_META))
-    leave[_LEAVE] = 1.0
-    sps = ShardedParameterServer(comms.ps, cfg.servers, learner.params.size,
-                                 meta_len=len(GORILA_META), leave_meta=leave)
-    if sps.is_server:
-        return ShardServer(cfg, world, sps, learner, run_dir), sps
-    if not dqn:
-        return ShardedA3CWorker(cfg, sps, learner, actor, run_dir), sps
-    memory = (ServiceMemory(cfg, world, comms.samples, comms.replay_of(rank), layout, run_dir)
+def _worker(cfg: Config, comms: ShardComms, sps: ShardedParameterServer, learner, actor,
+            layout: TransitionLayout, run_dir: Path) -> "GorilaWorker":
+    """A worker with its replay memory: its own, or its replay rank's client."""
+    rank = comms.world.Get_rank()
+    memory = (ServiceMemory(cfg, comms.world, comms.samples, comms.replay_of(rank), layout,
+                            run_dir)
               if comms.replays else LocalMemory(cfg, layout, rank, len(comms.workers)))
-    return GorilaWorker(cfg, world, sps, learner, actor, memory, run_dir), sps
-
-
-def _settle(summary: Summary, comm: MPI.Comm, sps: ShardedParameterServer | None, part,
-            learner, first_worker: int) -> None:
-    """Totals over every rank, checked; rank 0 holds shard 0's books."""
-    is_worker = comm.Get_rank() >= first_worker
-    pushes = comm.allreduce(part.pushes if is_worker else 0)
-    summary.phase_s = comm.bcast(part.phases if comm.Get_rank() == first_worker else None,
-                                 root=first_worker)
-    is_server = sps is not None and sps.is_server
-    shards = comm.gather(sps.slice(learner.params, sps.shard).copy() if is_server
-                         else None, root=0)
-    if comm.Get_rank() != 0:
-        return
-    part.fill(summary)
-    summary.gradients_sent = pushes
-    summary.param_digest = hashlib.sha256(
-        np.concatenate(shards[:sps.servers]).tobytes()).hexdigest()
-    if pushes != summary.gradients_applied + summary.gradients_dropped:
-        raise AccountingError(f"workers sent {pushes} gradients but shard 0 applied "
-                              f"{summary.gradients_applied} and dropped "
-                              f"{summary.gradients_dropped}")
-
-
-def _settle_replay(summary: Summary, comm: MPI.Comm, part) -> None:
-    """gorila: the replay memories' accounting, summed over ranks and checked."""
-    mine = part.counts() if hasattr(part, "counts") else [0] * len(COUNTS)
-    counts = comm.allreduce(np.asarray(mine, dtype=np.int64), op=MPI.SUM)
-    check_counts(*counts)
-    summary.transitions_sent, summary.transitions_inserted = int(counts[0]), int(counts[1])
-    summary.replay_evicted, summary.transitions_sampled = int(counts[3]), int(counts[4])
-    summary.priority_updates, summary.priority_stale = int(counts[7]), int(counts[8])
-
-
-class ShardServer:
-    """One shard's server: apply every push to this shard on arrival and answer its
-    worker; shard 0 also keeps the books and decides the end."""
-
-    def __init__(self, cfg: Config, comm: MPI.Comm, sps: ShardedParameterServer, learner,
-                 run_dir: Path) -> None:
-        self.cfg, self.comm, self.sps, self.ps = cfg, comm, sps, sps.server
-        self.params = sps.slice(learner.params, sps.shard)        # a view: the shard
-        self.opt = ShardOptimizer(self.params, cfg.lr)
-        self.policy = AsyncPolicy()
-        self.decides = sps.shard == 0
-        self.book = ServerBook(self.ps.workers, sps.size)
-        self.active = set(self.ps.workers)
-        self.received = {w: 0 for w in self.ps.workers}
-        self.leaves = 0
-        self.stopping = False
-        self.phases: dict[str, float] = {}
-        self.run_dir = run_dir
-        self.progress = Progress(run_dir, enabled=self.decides)
-        self.log = RunLogger(cfg, comm, run_dir, role="server")
-        # the order of the pushes this shard took: recorded, or enforced (--replay-schedule)
-        self.schedule = Schedule(run_dir, sps.rank, cfg.replay_schedule)
-
-    def serve(self) -> None:
-        ps, policy, cfg = self.ps, self.policy, self.cfg
-        ps.open(self.params.size, self.params.dtype)
-        for worker in ps.workers:
-            ps.reply(worker, self.params)
-            policy.sent(worker)
-        timer = PhaseTimer()
-        with Guard(cfg, self.comm, self.sps.rank) as guard:
-            self.log.begin()
-            while self.active:
-                stats = ps.stats
-                sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
-                version = policy.version
-                scheduled = self.schedule.next()       # a replay: this worker's push next
-                with timer("exchange_s"):
-                    worker, buf, meta = ps.wait_push(
-                        timeout_s=cfg.wait_timeout_s,
-                        only=None if scheduled is None else (scheduled,))
-                if meta[_LEAVE]:
-                    self.schedule.take(worker, LEFT)
-                    self.leaves += 1
-                    self._stop(worker)
-                    continue
-                computed_on, applied = policy.sent_version[worker], policy.applied
-                self.schedule.take(worker, computed_on)
-                with timer("optimizer_s"):
-                    self._handle(worker, buf, meta, guard.stop_requested)
-                add_phases(self.phases, self.log.record(
-                    policy.version, timer, bytes_sent=stats.bytes_sent - sent,
-                    bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
-                    env_steps=int(meta[_STEPS]), param_version=computed_on,
-                    staleness=version - computed_on, dropped=int(policy.applied == applied)))
-                guard.beat(policy.version, "waiting for pushes")
-        ps.close(timeout_s=cfg.wait_timeout_s)
-        self.schedule.save()
-        if self.decides:
-            self._report()
-        self.progress.close()
-
-    def _handle(self, worker: int, buf: np.ndarray, meta: np.ndarray, signalled: bool) -> None:
-        self.received[worker] += 1
-        if self.decides:
-            asks_stop = self.book.account(worker, meta)
-        elif int(meta[_PUSHES]) != self.received[worker]:
-            raise AccountingError(f"shard {self.sps.shard}: worker {worker} says this is its "
-                                  f"push {int(meta[_PUSHES])}, but it is the "
-                                  f"{self.received[worker]}th this shard took")
-        if self.stopping:
-            self.policy.drop()
-            self._stop(worker)
-            return
-        self.policy.push(worker, buf)
-        self.opt.step(buf)
-        self.policy.stepped()
-        if self.decides:
-            if self.policy.version % self.cfg.log_every == 0:
-                self._report()
-            book = self.book
-            self.stopping = (book.env_steps >= self.cfg.total_steps or book.solved
-                             or asks_stop or signalled)
-        if self.stopping:
-            self._stop(worker)
-        else:
-            self.ps.reply(worker, self.params)
-            self.policy.sent(worker)
-
-    def _stop(self, worker: int) -> None:
-        self.ps.stop(worker)
-        self.active.discard(worker)
-
-    def _report(self) -> None:
-        # gorila: judged on the greediest worker alone (the others explore by design)
-        judges = 1 if self.cfg.mode == "gorila" else len(self.ps.workers)
-        self.book.report(self.progress, self.policy, self.cfg.target_return, judges)
-
-    def fill(self, summary: Summary) -> None:
-        self.book.fill(summary, self.policy, self.progress)
-        np.save(self.run_dir / "staleness.npy",
-                np.asarray(self.policy.staleness, dtype=np.int64))
-
-
-class ShardedA3CWorker(Worker):
-    """async's worker over sharded servers: the same loop, the gradient clipped here."""
-
-    def __init__(self, cfg: Config, sps: ShardedParameterServer, learner, actor,
-                 run_dir: Path) -> None:
-        super().__init__(cfg, sps, learner, actor, run_dir, generation=None)
-        self.clip_norm = cfg.max_grad_norm
+    return GorilaWorker(cfg, comms.world, sps, learner, actor, memory, run_dir)
 
 
 class LocalMemory:

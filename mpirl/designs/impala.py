@@ -33,6 +33,11 @@ import topologies
 from topologies.channels import ChannelClient, ChannelServer, as_bytes
 
 from ..config import Config
+from ..kit.actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, UnrollQueue,
+                                VtraceTrainer, lag_stats, meta_nbytes, params_reply, report,
+                                settle)
+from ..kit.common import (Episodes, Summary, build_replica, check_same_model, final_mean_return,
+                          reached_target)
 from ..parts.actor import ModelPolicy
 from ..parts.unroll import META, M, UnrollLayout
 from ..resilience.guard import Guard
@@ -40,11 +45,6 @@ from ..resilience.schedule import STEP, Schedule, ScheduleDiverged
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, UnrollQueue,
-                           VtraceTrainer, lag_stats, meta_nbytes, params_reply, report,
-                           settle)
-from .common import (Episodes, Summary, build_replica, check_same_model, final_mean_return,
-                     reached_target)
 
 
 def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:

@@ -69,9 +69,10 @@ from mpi4py import MPI
 from topologies.paramserver import TAG_PARAMS, TAG_SNAPSHOT, TAG_SNAPSHOT_STOP, ParameterServer
 
 from ..config import Config
-from ..parts.actor import Actor, ModelPolicy
-from ..parts.learner import Batch, Learner
-from ..parts.replay import FifoReplay
+from ..kit.common import Summary, build_replica, check_same_model, final_mean_return
+from ..kit.pushpull import _STEPS, META, AccountingError, ServerBook, Worker, restore_generation
+from ..kit.shards import run_sharded
+from ..parts.learner import Learner
 from ..parts.server import AsyncPolicy, QuorumPolicy
 from ..resilience import checkpoint
 from ..resilience.checkpoint import TrainingState
@@ -81,26 +82,14 @@ from ..resilience.snapshot import PARAMS, SNAPSHOT, SNAPSHOT_STOP, Snapshots
 from ..resilience.stop import StopRequested
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
-from ..telemetry.timing import PhaseTimer, add_phases
-from .common import (Episodes, Summary, build_replica, check_same_model, final_mean_return,
-                     reached_target)
+from ..telemetry.timing import PhaseTimer
 
-#: the numbers a worker sends with every push (float64).
-META = ("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
-        "recent_mean", "stop")   # recent_mean: NaN until the worker has finished 20
-                                 # episodes; stop: 1 once the worker got SIGTERM/SIGINT
-_STEPS, _EPISODES, _RETURNS, _PUSHES, _EXCHANGE, _BUSY, _RECENT, _STOP = range(len(META))
 _TAGS = {PARAMS: TAG_PARAMS, SNAPSHOT: TAG_SNAPSHOT, SNAPSHOT_STOP: TAG_SNAPSHOT_STOP}
-
-
-class AccountingError(RuntimeError):
-    """Gradients sent by workers do not add up to gradients applied plus dropped."""
 
 
 def run_async(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     if cfg.servers > 1:          # the same workers, their gradients over sharded servers
-        from .gorila import run_sharded
-        return run_sharded(cfg, comm, run_dir, dqn=False)
+        return run_sharded(cfg, comm, run_dir, build=build_replica, make_worker=ShardedA3CWorker)
     return _run(cfg, comm, run_dir, lambda learner: AsyncPolicy())
 
 
@@ -169,185 +158,6 @@ def _resume_generation(comm: MPI.Comm, run_dir: Path) -> int:
     return generation
 
 
-def _restore(saved: TrainingState, run_dir: Path, rank: int, generation: int, size: int):
-    state = saved.restore(run_dir, rank, generation)
-    if state["generation"] != generation or state["world_size"] != size:
-        raise RuntimeError(f"checkpoint {checkpoint.path_for(run_dir, rank, generation)} "
-                           f"is of generation {state['generation']} of a "
-                           f"{state['world_size']}-rank run")
-
-
-class Worker:
-    """A worker's loop: roll out, push, take the reply; writes its checkpoint when the
-    reply says so."""
-
-    def __init__(self, cfg: Config, ps: ParameterServer, learner: Learner, actor: Actor,
-                 run_dir: Path, generation: int | None) -> None:
-        self.cfg, self.ps, self.learner, self.actor = cfg, ps, learner, actor
-        self.run_dir, self.generation = run_dir, 0
-        self.episodes = Episodes()
-        self.phases: dict[str, float] = {}    # seconds per phase, over the whole run
-        self.pushes = self.skipped = 0
-        self.owed = np.zeros(3)     # env steps, episodes, return sum not yet reported
-        self.replay = FifoReplay(capacity=1, reuse=cfg.update_repeat)   # the rollout in use
-        self.stopped = False                  # ended by a stop snapshot (SIGTERM/SIGINT)
-        self.clip_norm = 0.0      # > 0: clip the gradient here (sharded servers do not)
-        self.resumed = generation is not None
-        self.saved = TrainingState(self, learner, actor, self.episodes)
-        if self.resumed:
-            _restore(self.saved, run_dir, ps.rank, generation, ps.size)
-        self.log = RunLogger(cfg, ps.comm, run_dir, role="worker",
-                             resume_update=self.pushes if self.resumed else None)
-
-    def work(self) -> None:
-        cfg, ps, learner, log = self.cfg, self.ps, self.learner, self.log
-        policy, timer, meta = ModelPolicy(learner.model), PhaseTimer(), np.zeros(ps.meta_len)
-        alive = True
-        with Guard(cfg, ps.comm, ps.rank) as guard:
-            if not self.resumed:   # a resumed worker holds the parameters of its checkpoint
-                with timer("exchange_s"):
-                    alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
-                add_phases(self.phases, timer.take())
-            log.begin()
-            while alive:
-                if not self.replay:
-                    guard.at(f"computing push {self.pushes + 1}")
-                    self.replay.add(learner.batch(self._collect(policy, timer)))
-                losses = learner.gradient(self.replay.next(), timer)
-                if not guard.check(self.pushes + self.skipped + 1, learner.grad):
-                    self.skipped += 1     # not pushed; its env steps travel with the next push
-                    continue
-                if self.clip_norm:
-                    learner.clip_grad(self.clip_norm)
-                self._fill(meta, guard.stop_requested, busy_s=timer.total())
-                stats = ps.stats
-                sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
-                guard.at(f"waiting for the server's reply to push {self.pushes + 1}")
-                with timer("exchange_s"):
-                    ps.push(learner.grad, meta)
-                    self.pushes += 1
-                    alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
-                self.owed[:] = 0.0
-                add_phases(self.phases, log.record(
-                    self.pushes, timer, bytes_sent=stats.bytes_sent - sent,
-                    bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
-                    env_steps=int(meta[_STEPS]), **losses))
-                guard.beat(self.pushes, "between pushes")
-                if ps.snapshot:           # the server's cut: write this worker's side of it
-                    self.stopped = not alive
-                    self.generation += 1
-                    log.flush()           # the log holds every row the checkpoint covers
-                    self.saved.save(self.run_dir, ps.rank, self.generation)
-
-    def _collect(self, policy, timer):
-        """One rollout; its episodes and simulator times are logged, and owed to the
-        server (they travel with the next push)."""
-        actor, push = self.actor, self.pushes + 1
-        rollout = actor.collect(policy, self.cfg.rollout_steps, timer)
-        finished = actor.drain_episodes()
-        self.episodes.add(finished)
-        self.log.episodes(push, finished)
-        self.log.sim_times(push, actor.drain_sim_times())
-        self.owed += (self.cfg.steps_per_batch, len(finished), sum(r for r, _ in finished))
-        return rollout
-
-    def _fill(self, meta: np.ndarray, stop: bool, busy_s: float) -> None:
-        """The numbers that travel with the next push (:data:`META`)."""
-        meta[_STEPS], meta[_EPISODES], meta[_RETURNS] = self.owed
-        meta[_PUSHES] = self.pushes + 1
-        meta[_EXCHANGE] = self.phases.get("exchange_s", 0.0)
-        meta[_BUSY] = sum(self.phases.values()) + busy_s
-        recent = self.episodes.recent_mean()
-        meta[_RECENT] = np.nan if recent is None else recent
-        meta[_STOP] = stop
-
-    def state(self) -> dict:
-        return {"generation": self.generation, "world_size": self.ps.size,
-                "pushes": self.pushes, "skipped": self.skipped, "phases": dict(self.phases),
-                "owed": self.owed.tolist(),
-                "replay": self.replay.state(encode=lambda batch: dict(vars(batch)))}
-
-    def load_state(self, state: dict) -> None:
-        self.generation, self.pushes, self.skipped = (state["generation"], state["pushes"],
-                                                      state["skipped"])
-        self.phases = dict(state["phases"])
-        self.owed[:] = state["owed"]
-        self.replay.load_state(state["replay"], decode=lambda saved: Batch(**saved))
-
-
-class ServerBook:
-    """What the server knows of its workers: pushes taken from each, env steps, episode
-    statistics and their time shares, from the numbers that come with each push."""
-
-    def __init__(self, workers: list[int], world_size: int) -> None:
-        self.world_size = world_size
-        self.received = {w: 0 for w in workers}       # pushes taken, per worker
-        self.rows = 0                                 # rows in the server's log
-        self.env_steps = 0
-        self.window = [0.0, 0.0]                 # episodes, return sum since last report
-        self.worker_time: dict[int, tuple[float, float]] = {}   # exchange_s, busy_s
-        self.recent_means: dict[int, float] = {}
-        self.solved = False
-
-    def account(self, worker: int, meta: np.ndarray) -> bool:
-        """Take in a push's numbers; True when its worker asks the run to stop."""
-        self.received[worker] += 1
-        if int(meta[_PUSHES]) != self.received[worker]:
-            raise AccountingError(f"worker {worker} says this is its push {int(meta[_PUSHES])}"
-                                  f", but it is the {self.received[worker]}th the server took")
-        self.env_steps += int(meta[_STEPS])
-        self.window[0] += float(meta[_EPISODES])
-        self.window[1] += float(meta[_RETURNS])
-        self.worker_time[worker] = (float(meta[_EXCHANGE]), float(meta[_BUSY]))
-        if not np.isnan(meta[_RECENT]):
-            self.recent_means[worker] = float(meta[_RECENT])
-        return bool(meta[_STOP])
-
-    def report(self, progress: Progress, policy: AsyncPolicy, target_return: float,
-               judges: int) -> None:
-        """Check ``target_return`` (over ``judges`` workers' windows), write one progress
-        line, start a fresh window."""
-        self.solved = self.solved or reached_target(
-            target_return, list(self.recent_means.values()), judges)
-        recent = policy.staleness[-100:]
-        progress.report(update=policy.version, env_steps=self.env_steps,
-                        episodes=self.window[0], return_sum=self.window[1],
-                        comm_share=self.comm_share(),
-                        mean_staleness=float(np.mean(recent)) if recent else 0.0)
-        self.window = [0.0, 0.0]
-
-    def fill(self, summary: Summary, policy: AsyncPolicy, progress: Progress) -> None:
-        """The run's server-side figures (a sharded run: shard 0's)."""
-        summary.updates = policy.version
-        summary.env_steps = self.env_steps
-        summary.wall_s = progress.elapsed()
-        summary.gradients_applied = policy.applied
-        summary.gradients_dropped = policy.dropped
-        summary.mean_staleness = float(np.mean(policy.staleness)) if policy.staleness else 0.0
-        summary.comm_share = self.comm_share()
-        summary.reached_target = self.solved
-
-    def comm_share(self) -> float:
-        exchange = sum(e for e, _ in self.worker_time.values())
-        busy = sum(b for _, b in self.worker_time.values())
-        return exchange / busy if busy else 0.0
-
-    def state(self) -> dict:
-        return {"world_size": self.world_size, "env_steps": self.env_steps,
-                "received": dict(self.received), "rows": self.rows,
-                "window": [float(x) for x in self.window],
-                "worker_time": {w: [float(e), float(b)]
-                                for w, (e, b) in self.worker_time.items()},
-                "recent_means": dict(self.recent_means), "solved": self.solved}
-
-    def load_state(self, state: dict) -> None:
-        self.env_steps, self.received = state["env_steps"], dict(state["received"])
-        self.rows, self.window = state["rows"], list(state["window"])
-        self.worker_time = {w: tuple(t) for w, t in state["worker_time"].items()}
-        self.recent_means = dict(state["recent_means"])
-        self.solved = state["solved"]
-
-
 class Server:
     """The parameter server's loop, for async and quorum modes (the policy decides)."""
 
@@ -364,7 +174,7 @@ class Server:
         self.resumed = generation is not None
         self.saved = TrainingState(self.book, policy, self.snaps, learner, self.progress)
         if self.resumed:
-            _restore(self.saved, run_dir, ps.rank, generation, ps.size)
+            restore_generation(self.saved, run_dir, ps.rank, generation, ps.size)
         self.log = RunLogger(cfg, ps.comm, run_dir, role="server",
                              resume_rows=self.book.rows if self.resumed else None)
         # the order of the pushes taken: recorded, or enforced (--replay-schedule)
@@ -483,3 +293,12 @@ class Server:
         self.book.fill(summary, self.policy, self.progress)
         summary.param_digest = self.learner.param_digest()
         summary.snapshots, summary.snapshot_s = self.snaps.taken, self.snaps.seconds
+
+
+class ShardedA3CWorker(Worker):
+    """async's worker over sharded servers (:func:`mpirl.kit.shards.run_sharded`): the
+    same loop, the gradient clipped here (the servers hold only shards of it)."""
+
+    def __init__(self, cfg: Config, comms, sps, learner, actor, layout, run_dir: Path) -> None:
+        super().__init__(cfg, sps, learner, actor, run_dir, generation=None)
+        self.clip_norm = cfg.max_grad_norm

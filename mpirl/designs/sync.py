@@ -29,6 +29,9 @@ from pathlib import Path
 from mpi4py import MPI
 
 from ..config import Config
+from ..errors import ReplicaDivergence
+from ..kit.common import (Episodes, Summary, build_replica, check_same_model, comm_share,
+                          final_mean_return, reached_target, sum_over_ranks)
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Learner
 from ..resilience.checkpoint import TrainingState
@@ -38,12 +41,6 @@ from ..resilience.stop import StopRequested
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .common import (Episodes, Summary, build_replica, check_same_model, comm_share,
-                     final_mean_return, reached_target, sum_over_ranks)
-
-
-class ReplicaDivergence(RuntimeError):
-    """Ranks hold different parameters or optimizer state: the comparison is void."""
 
 
 @dataclass

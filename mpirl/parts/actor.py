@@ -6,7 +6,7 @@ A policy is anything with ``act(obs) -> (action, logp, value)`` and
 request), and ``phase``, the timer phase its calls are logged under (``forward_s``
 unless it says otherwise).  :class:`ModelPolicy` is a rank's own replica; a design that
 runs inference elsewhere hands the actor a policy whose answers come back from another
-rank (:class:`mpirl.designs.seed.RemotePolicy`).  The actor keeps
+rank (:class:`mpirl.kit.inference.RemotePolicy`).  The actor keeps
 what an episode leaves behind (returns, lengths, simulator step times) and the state
 that lets a checkpoint continue its rollout exactly.
 """

@@ -1,6 +1,6 @@
 """Injected failures (``--fail``) and non-finite gradients (``--nan-policy``).
 
-``--fail RANK@UPDATE[:KIND]`` (repeatable; syntax in :func:`mpirl.config.parse_faults`)
+``--fail RANK@UPDATE[:KIND]`` (repeatable; syntax in :func:`parse_faults`)
 makes rank RANK fail just before the exchange of its update UPDATE, so tests and users
 can watch how a run ends:
 
@@ -27,10 +27,46 @@ import time
 
 import numpy as np
 
-from ..config import FAIL_KINDS, NAN_POLICIES, FaultSpecError, parse_faults
+from ..errors import ConfigError
 
-__all__ = ["FAIL_KINDS", "NAN_POLICIES", "FaultInjector", "FaultSpecError", "InjectedFault",
-           "NonFiniteGradient", "check_gradient", "finite", "parse_faults"]
+__all__ = ["FAIL_KINDS", "NAN_POLICIES", "ON_FAILURE", "FaultInjector", "FaultSpecError",
+           "InjectedFault", "NonFiniteGradient", "check_gradient", "finite", "parse_faults"]
+
+#: what ``--fail RANK@UPDATE:KIND`` does to the rank
+FAIL_KINDS = ("exit", "raise", "nan", "hang")
+#: what a non-finite gradient does (``--nan-policy``)
+NAN_POLICIES = ("stop", "skip")
+#: what the other ranks do when one fails (``--on-failure``; shrink: :mod:`.ulfm`)
+ON_FAILURE = ("stop", "shrink")
+
+
+class FaultSpecError(ConfigError):
+    """A ``--fail`` entry that cannot be parsed or names a rank that does not exist."""
+
+
+def parse_faults(specs: list, world_size: int | None = None) -> dict[int, tuple[int, str]]:
+    """``["2@5", "1@3:nan"]`` -> ``{2: (5, "exit"), 1: (3, "nan")}``."""
+    out: dict[int, tuple[int, str]] = {}
+    for spec in specs:
+        text = str(spec)
+        where, _, kind = text.partition(":")
+        kind = kind or "exit"
+        try:
+            rank_text, update_text = where.split("@")
+            rank, update = int(rank_text), int(update_text)
+        except ValueError:
+            raise FaultSpecError(f"fail={text!r}; expected RANK@UPDATE[:KIND], e.g. 1@10:exit"
+                                 ) from None
+        if kind not in FAIL_KINDS:
+            raise FaultSpecError(f"fail={text!r}: kind {kind!r}; allowed: "
+                                 f"{', '.join(FAIL_KINDS)}")
+        if rank < 0 or update < 1:
+            raise FaultSpecError(f"fail={text!r}; allowed: RANK >= 0 and UPDATE >= 1")
+        if world_size is not None and rank >= world_size:
+            raise FaultSpecError(f"fail={text!r}: rank {rank} does not exist; allowed ranks: "
+                                 f"0..{world_size - 1}")
+        out[rank] = (update, kind)
+    return out
 
 
 class InjectedFault(RuntimeError):

@@ -39,13 +39,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import registry
+
 STEP = -1            # the event "the learner took an update step here"
 PARAMS = -3          # ga3c's predictor took the trainer's reply here
 REQUEST = -4         # a replay rank took a sample request (version: the sampler)
 ANSWER = -5          # a replay rank answered a sample request (version: the sampler)
 BATCH = -6           # a gorila service worker looked for its batch (version: 1 if there)
 #: the designs whose runs can be replayed (the deciding ranks record their order)
-REPLAYABLE = ("async", "quorum", "impala", "gorila", "seed", "ga3c", "apex")
+REPLAYABLE = tuple(name for name, d in registry.DESIGNS.items() if d.replayable)
 #: fields a replay may change: where its files go, and the replay itself
 #: (deadlines end a run that hangs; they change no result)
 FREE_FIELDS = ("run_dir", "run_name", "replay_schedule", "log_every", "wait_timeout_s",
@@ -125,15 +127,6 @@ class Schedule:
 
 
 def deciding_ranks(cfg, world_size: int) -> list[int]:
-    """The ranks whose order a run of ``cfg`` records (one schedule file each)."""
-    if cfg.mode == "impala":
-        return list(range(cfg.learners))
-    if cfg.mode == "gorila" and cfg.gorila_replay == "service":
-        return list(range(world_size))      # shards, replay ranks and every worker
-    if cfg.mode in ("gorila", "async"):
-        return list(range(cfg.servers))
-    if cfg.mode == "ga3c":
-        return [1]                          # the predictor; the trainer takes FIFO
-    if cfg.mode == "apex":
-        return list(range(1 + cfg.replay_ranks))
-    return [0]
+    """The ranks whose order a run of ``cfg`` records (one schedule file each): the
+    design registry's ``deciding`` (:mod:`mpirl.registry`)."""
+    return registry.design(cfg.mode).deciding(cfg, world_size)

@@ -43,8 +43,8 @@ from typing import Callable, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from ..config import ON_FAILURE
 from ..launch import OPENMPI_ULFM_ARGS, fault_tolerant_launch, mpi_library
+from .faults import ON_FAILURE
 
 T = TypeVar("T")
 

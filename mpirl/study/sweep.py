@@ -258,8 +258,9 @@ def resume_update(point: Point, run_dir: Path) -> int | None:
         {k: v for k, v in point.config.items() if k not in RESUME_IGNORED})
     if differ:
         raise ConfigError(f"its config.yaml differs from the point's ({', '.join(differ[:4])})")
-    return check_set(run_dir, point.ranks, same_update=cfg.mode == "sync",
-                     generational=cfg.mode != "sync")
+    kind = cfg.design.checkpoints
+    return check_set(run_dir, point.ranks, same_update=kind == "replica",
+                     generational=kind == "snapshots")
 
 
 def set_aside_incomplete(point: Point, sweep_dir: Path) -> Path | None:

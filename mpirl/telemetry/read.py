@@ -38,7 +38,8 @@ import pandas as pd
 
 # opening files (also live or crashed ones) is pandas-free, for the ranks' own use
 from .access import LIVE_READ_DEADLINE_S, open_h5, open_run, read_h5, rows_until  # noqa: F401
-from .schema import (ACTOR_LEARNER_MODES, BENCH_KIND, EPISODE_DTYPE, EXPERIENCE_ROLES,
+from .. import registry
+from .schema import (BENCH_KIND, EPISODE_DTYPE, EXPERIENCE_ROLES,
                      FAILURE_DTYPE, OLDEST_READABLE, PHASES, SCHEMA_VERSION, SIM_STEP_DTYPE,
                      UPDATE_DTYPE, upgrade, written)
 
@@ -73,12 +74,14 @@ class Run:
         """``topology/mode``; the actor-learner designs by mode alone (their topology
         only serves impala's several learners), the sharded servers with their count."""
         mode, servers = self.config["mode"], self.config.get("servers", 1)
-        if mode == "gorila" or (mode == "async" and servers > 1):
-            return f"{mode} {servers} servers" if servers > 1 else mode
-        if mode in ACTOR_LEARNER_MODES:
-            learners = self.config.get("learners", 1)
-            return mode if learners == 1 else f"{mode} x{learners} {self.config['topology']}"
-        return f"{self.config['topology']}/{mode}"
+        learners, design = self.config.get("learners", 1), registry.design(mode)
+        if "servers" in design.options and servers > 1:
+            return f"{mode} {servers} servers"
+        if design.topology_use in ("allreduce", "star"):
+            return f"{self.config['topology']}/{mode}"
+        if design.topology_use == "learners" and learners > 1:
+            return f"{mode} x{learners} {self.config['topology']}"
+        return mode
 
 
 def find_runs(*paths: str | Path) -> list[Path]:
@@ -165,7 +168,8 @@ def _derive(u: pd.DataFrame, mode: str) -> pd.DataFrame:
     u["other_s"] = u["other_s"].fillna(0.0)          # schema 1 had no other_s
     u["compute_s"] = u[list(COMPUTE_PHASES)].sum(axis=1)
     u["busy_s"] = u["compute_s"] + u["exchange_s"]
-    if mode == "sync" and u["wait_s"].isna().any():
+    if registry.design(mode).topology_use == "allreduce" and u["wait_s"].isna().any():
+        # an old log of an allreduce design: its waits from when each rank entered
         last_entry = u.groupby("update")["exchange_unix_s"].transform("max")
         derived = (last_entry - u["exchange_unix_s"]).clip(lower=0.0)
         u["wait_s"] = u["wait_s"].fillna(np.minimum(derived, u["exchange_s"]))

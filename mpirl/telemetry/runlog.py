@@ -20,7 +20,11 @@ class RunLogger:
     Opening is collective (hostnames and core counts are gathered once, before any
     exchange); every later call is local, so logging adds no traffic to the exchange
     being measured.  ``record`` times itself: each row carries the seconds the
-    previous row cost to log (``log_s``), so the overhead is in the data."""
+    previous row cost to log (``log_s``), so the overhead is in the data.
+
+    Traffic is counted here, not at each caller: a role hands the logger its channels
+    or exchange once (:meth:`watch`), and every row then carries the bytes they sent and
+    received, and the seconds they waited for a peer, since the row before."""
 
     def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str,
                  resume_update: int | None = None, resume_rows: int | None = None) -> None:
@@ -37,6 +41,56 @@ class RunLogger:
                            resume_rows)
         self._log_s = 0.0
         self.update_start = self.log.now()
+        self._sources: tuple = ()
+        self._waits: tuple = ()
+        self._marks: dict[int, tuple] = {}
+
+    def watch(self, *sources, waits=None, from_zero: bool = False) -> None:
+        """Count traffic in every later row, from now: the bytes ``sources`` sent and
+        received fill ``bytes_sent`` and ``bytes_recv``, and the seconds ``waits``
+        (default: every source) spent blocked on a peer fill ``wait_s`` (``waits=()``:
+        the role measures no waits, ``wait_s`` stays unset).  A source is anything with
+        a ``stats`` (:class:`topologies.base.CommStats`), read at each row: a topology
+        rebuilt after a failure counts from its fresh counters' zero.  ``from_zero``:
+        the first row also holds what the sources moved before this call (a sync
+        rank's first broadcast, made before its log)."""
+        self._sources = sources
+        self._waits = sources if waits is None else tuple(waits)
+        self._mark()
+        if from_zero:
+            self._marks = {key: (stats, 0, 0, 0.0) for key, (stats, *_) in self._marks.items()}
+
+    def unlogged(self) -> None:
+        """The traffic since the last row belongs to no row (a message that ends a
+        peer's stream, not an update of this rank)."""
+        self._mark()
+
+    def bytes_sent(self) -> int:
+        """Bytes the watched sources sent since they were made (the run's total)."""
+        return sum(source.stats.bytes_sent for source in self._sources)
+
+    def _mark(self) -> None:
+        self._marks = {id(source): (source.stats, source.stats.bytes_sent,
+                                    source.stats.bytes_recv, source.stats.wait_s)
+                       for source in self._sources}
+
+    def _traffic(self) -> dict:
+        """The row's traffic since the last mark."""
+        if not self._sources:
+            return {}
+        moved = {"bytes_sent": 0, "bytes_recv": 0}
+        waited = 0.0
+        for source in self._sources:
+            stats = source.stats
+            then, sent, received, wait = self._marks[id(source)]
+            if stats is not then:            # rebuilt: its counters started again at 0
+                sent = received = wait = 0
+            moved["bytes_sent"] += stats.bytes_sent - sent
+            moved["bytes_recv"] += stats.bytes_recv - received
+            if any(source is w for w in self._waits):
+                waited += stats.wait_s - wait
+        self._mark()
+        return {**moved, "wait_s": waited} if self._waits else moved
 
     def begin(self) -> None:
         """The first update starts now; each later one starts where the last record ended."""
@@ -52,7 +106,8 @@ class RunLogger:
         exchange_at = timer.started_at("exchange_s")
         phases = timer.take()
         start = self.update_start
-        row = {"update": update, "t_s": start, **phases, **fields, "log_s": self._log_s,
+        row = {"update": update, "t_s": start, **phases, **self._traffic(), **fields,
+               "log_s": self._log_s,
                "other_s": max(0.0, t0 - self.log.start - start - sum(phases.values()))}
         if exchange_at is not None:
             row["exchange_t_s"] = exchange_at - self.log.start

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import registry
+
 SCHEMA_VERSION = 6
 #: the oldest schema the readers still read (older files lack some columns: NaN or -1)
 OLDEST_READABLE = 1
@@ -106,9 +108,9 @@ PHASES = ("env_s", "forward_s", "straggle_s", "backward_s", "exchange_s", "optim
           "infer_wait_s", "send_s", "param_wait_s", "batch_wait_s", "reply_s",
           "data_wait_s", "publish_s", "replay_s", "other_s")
 #: the roles of ranks that step environments (their rows carry env steps and episodes)
-EXPERIENCE_ROLES = ("worker", "actor")
+EXPERIENCE_ROLES = registry.EXPERIENCE_ROLES
 #: the designs whose unrolls carry a parameter version (policy_lag.npy, lag columns)
-ACTOR_LEARNER_MODES = ("impala", "seed", "ga3c", "apex")
+ACTOR_LEARNER_MODES = registry.modes(lagged=True)
 #: what an update row holds where its writer gives no value (0 for every other field)
 UPDATE_UNSET = {"param_version": -1, "staleness": -1, "exchange_t_s": np.nan,
                 "wait_s": np.nan, "policy_loss": np.nan, "value_loss": np.nan,

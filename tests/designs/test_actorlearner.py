@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mpirl.config import Config
-from mpirl.designs.actorlearner import UnrollQueue, lag_stats
-from mpirl.designs.seed import Batcher
+from mpirl.kit.actorlearner import UnrollQueue, lag_stats
+from mpirl.kit.inference import Batcher
 from mpirl.parts.unroll import M, UnrollLayout
 
 LAYOUT = UnrollLayout(2, 1, gymnasium.spaces.Box(-1, 1, (2,)), gymnasium.spaces.Discrete(2))

@@ -119,5 +119,5 @@ def test_replay_is_refused_for_a_design_that_records_none(tmp_path):
                          str(tmp_path), "--run-dir", str(tmp_path)], timeout_s=60, check=False)
     assert result.returncode == 2
     assert ("replay_schedule with mode='sync' (a synchronous run is deterministic: nothing "
-            "to replay); allowed modes: async, quorum, impala, gorila, seed, ga3c, apex"
+            "to replay); allowed modes: async, quorum, impala, seed, ga3c, apex, gorila"
             ) in result.output

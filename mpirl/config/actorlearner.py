@@ -1,0 +1,73 @@
+"""The actor-learner designs' fields: impala's learners and refresh, V-trace's clips,
+seed's and ga3c's inference batching, the learner's device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from .checks import at_least, choice, doc, in_range
+
+REFRESH = ("unroll", "updates", "episode")
+INFERENCE_POLICIES = ("auto", "fixed", "drain")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class ActorLearnerFields:
+    learners: int = doc("impala: learner ranks (0..L-1); they average their gradients with "
+                         "the topology's allreduce; every other rank is an actor", default=1)
+    unroll_batch: int = doc("unrolls per learner update (impala, seed; ga3c: the "
+                             "trainer's batch); 0 = one per actor the learner serves",
+                             default=0)
+    param_refresh: str = doc(
+        "impala: when an actor gets fresh parameters with the reply to its unroll: "
+        "'unroll' (every unroll, the paper), 'updates' (once the learner is "
+        "--refresh-every updates ahead of the actor's copy), 'episode' (when one of the "
+        "actor's episodes ended in the unroll: fetch before the next game)", default="unroll")
+    refresh_every: int = doc("impala, --param-refresh updates: K", default=1)
+    max_policy_lag: int = doc("impala/seed/ga3c: unrolls whose parameters are more than "
+                               "this many updates old are dropped (counted); 0 = no bound",
+                               default=0)
+    rho_bar: float = doc("V-trace: clip of the importance weight in the targets; 0 = none",
+                          default=1.0)
+    c_bar: float = doc("V-trace: clip of the trace-cutting weights c; 0 = none", default=1.0)
+    pg_rho_bar: float = doc("V-trace: clip of the weight in the policy gradient; 0 = none",
+                             default=1.0)
+    vtrace_lambda: float = doc("V-trace: lambda multiplying the c weights", default=1.0)
+    inference_policy: str = doc(
+        "seed/ga3c inference batching: 'fixed' (wait for --inference-batch observations, "
+        "seed_rl), 'drain' (take what has arrived, waiting at most --inference-wait-s for "
+        "more: GA3C's predictor); auto = fixed for seed, drain for ga3c", default="auto")
+    inference_batch: int = doc(
+        "seed/ga3c: observations per forward pass (fixed: exactly, rounded up to whole "
+        "actors; drain: at most); 0 = half the actors' envs (fixed), all of them (drain)",
+        default=0)
+    inference_wait_s: float = doc("drain batching: longest wait for more requests once "
+                                   "one has arrived", default=0.002)
+    learner_device: str = doc("device of the learner and inference ranks: cpu (cuda is "
+                               "checked and refused: not built yet)", default="cpu")
+
+
+def check_actor_learner(cfg, world_size: int) -> None:
+    choice("param_refresh", cfg.param_refresh, REFRESH)
+    choice("inference_policy", cfg.inference_policy, INFERENCE_POLICIES)
+    choice("learner_device", cfg.learner_device, DEVICES)
+    for name in ("unroll_batch", "max_policy_lag"):
+        at_least(name, getattr(cfg, name), 0)
+    for name in ("learners", "refresh_every"):
+        at_least(name, getattr(cfg, name), 1)
+    for name in ("rho_bar", "c_bar", "pg_rho_bar"):
+        at_least(name, getattr(cfg, name), 0.0)
+    in_range("vtrace_lambda", cfg.vtrace_lambda, 0.0, 1.0)
+    at_least("inference_wait_s", cfg.inference_wait_s, 0.0)
+    at_least("inference_batch", cfg.inference_batch, 0)
+    if cfg.learner_device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("learner_device='cuda' but torch sees no GPU on this machine; "
+                              "allowed here: cpu")
+        # the learner's flat parameter and gradient buffers are host memory that the
+        # channels and topologies send in place; a device copy is not built yet
+        raise ConfigError("learner_device='cuda' is not supported yet (the learner's flat "
+                          "buffers live in host memory); allowed: cpu")

@@ -1,0 +1,112 @@
+"""The run configuration as one dataclass: every group's fields, flat keys, YAML in and
+out, and the groups' checks run in order (:meth:`Config.validate`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from .. import registry
+from ..errors import ConfigError
+from .actorlearner import ActorLearnerFields, check_actor_learner
+from .design import DesignFields, check_design, check_wiring, parse_stragglers
+from .env import EnvFields, check_budget, check_env
+from .learner import LearnerFields, check_learner
+from .loading import SafeLoader, coerce, load_yaml, printable
+from .replay import ReplayFields, check_replay
+from .resilience import ResilienceFields, check_resilience
+from .telemetry import TelemetryFields, check_telemetry
+
+#: the groups' checks, in the order a configuration is validated
+CHECKS = (check_design, check_actor_learner, check_replay, check_wiring, check_learner,
+          check_telemetry, check_resilience, check_env, check_budget)
+
+
+@dataclass
+class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields, LearnerFields,
+             EnvFields, DesignFields):
+    """Everything that defines a run; identical on every rank.  Fields come in the order
+    design, environment, learner, bookkeeping, faults (dataclass bases, last first)."""
+
+    # -- derived ---------------------------------------------------------------------------
+    def slowdown_of(self, rank: int) -> float:
+        """The straggler factor of ``rank`` (1.0 when it is not a straggler)."""
+        return parse_stragglers(self.straggler).get(rank, 1.0)
+
+    def env_kwargs(self) -> dict:
+        """``env_arg`` as keyword arguments; values are read as YAML (2 -> int, x -> str)."""
+        out = {}
+        for spec in self.env_arg:
+            key, sep, text = str(spec).partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"env_arg={spec!r}; expected KEY=VALUE, e.g. difficulty=2")
+            try:
+                out[key.strip()] = yaml.load(text, Loader=SafeLoader)
+            except (yaml.YAMLError, RecursionError):
+                raise ConfigError(f"env_arg={spec!r}: {text!r} is not a value") from None
+        return out
+
+    @property
+    def design(self) -> registry.Design:
+        """This mode's row of the design registry."""
+        return registry.design(self.mode)
+
+    def roles(self, world_size: int) -> tuple[str, ...]:
+        """The role of each rank (:meth:`mpirl.registry.Design.roles`)."""
+        return self.design.roles(self, world_size)
+
+    def experience_ranks(self, world_size: int) -> int:
+        """Ranks that run environments (the design's workers or actors)."""
+        return self.design.experience_ranks(self, world_size)
+
+    def inference_mode(self) -> str:
+        """seed/ga3c batching: ``fixed`` or ``drain`` (``auto``: the design's own)."""
+        if self.inference_policy != "auto":
+            return self.inference_policy
+        return self.design.inference or "fixed"
+
+    def quorum_size(self, world_size: int) -> int:
+        """Fresh gradients per quorum update: ``quorum`` or half the workers, rounded up."""
+        return self.quorum or -(-(world_size - 1) // 2)
+
+    @property
+    def steps_per_batch(self) -> int:
+        """Env steps in one rollout of one rank (one update's experience there)."""
+        return self.num_envs * self.rollout_steps * self.action_repeat
+
+    # -- loading --------------------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "Config":
+        return cls.from_dict(load_yaml(path), source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> "Config":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping of field: value, got "
+                              f"{type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        # YAML keys may be numbers, null or hold line breaks: named printably, one line
+        unknown = sorted(printable(k) for k in data if k not in known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}; "
+                              f"valid fields: {', '.join(sorted(known))}")
+        cfg = cls()
+        for key, value in data.items():
+            setattr(cfg, key, coerce(getattr(cfg, key), key, value, source))
+        return cfg
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    # -- validation -------------------------------------------------------------------------
+    def validate(self, world_size: int) -> "Config":
+        """Raise ConfigError for the first unusable value; return self when all is well."""
+        for check in CHECKS:
+            check(self, world_size)
+        return self

@@ -1,0 +1,127 @@
+"""What is compared: the design (``--mode``), its exchange (``--topology``), the quorum
+and stragglers; and the ranks a design's wiring needs (:mod:`mpirl.registry`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .. import registry
+from ..errors import ConfigError
+from .checks import choice, doc
+
+#: the ``--mode`` names, from the design registry (its rows decide every per-design check)
+MODES = registry.MODES
+LATE_POLICIES = ("drop", "apply")
+
+
+@dataclass
+class DesignFields:
+    topology: str = doc("gradient exchange, a name registered in topologies/", default="butterfly")
+    mode: str = doc(
+        "training design: " + "; ".join(f"{d.name} ({d.about})"
+                                        for d in registry.DESIGNS.values())
+        + " (docs/modes.md)", default="sync")
+    quorum: int = doc("quorum mode: fresh gradients the server waits for per update; "
+                       "0 = half the workers, rounded up", default=0)
+    late: str = doc("quorum mode: a gradient computed on old parameters is 'drop'ped or "
+                     "'apply'd with the fresh ones (counted and logged either way)",
+                     default="drop")
+    straggler: list = doc(
+        "slow ranks, as RANK:FACTOR (repeatable): after each rollout the rank idles "
+        "(FACTOR-1) times as long as the rollout took", default_factory=list)
+
+
+def check_design(cfg, world_size: int) -> None:
+    import topologies
+
+    choice("mode", cfg.mode, MODES)
+    choice("topology", cfg.topology, topologies.names())
+    choice("late", cfg.late, LATE_POLICIES)
+    design = registry.design(cfg.mode)
+    if design.topology_use == "star" and cfg.topology != "star":
+        raise ConfigError(
+            f"mode={cfg.mode!r} runs a parameter server, the star topology used "
+            f"asynchronously; topology={cfg.topology!r} is not allowed with it "
+            "(use --topology star, or --mode sync)")
+    if "quorum" in design.options and not 0 <= cfg.quorum <= world_size - 1:
+        raise ConfigError(f"quorum={cfg.quorum}; allowed with {world_size} ranks: "
+                          f"0..{world_size - 1} (0 = half the workers)")
+    for rank in parse_stragglers(cfg.straggler):
+        if rank >= world_size:
+            raise ConfigError(f"straggler rank {rank} does not exist; allowed ranks: "
+                              f"0..{world_size - 1}")
+
+
+def parse_stragglers(specs: list) -> dict[int, float]:
+    """``["1:3", "2:1.5"]`` -> ``{1: 3.0, 2: 1.5}``; malformed entries raise ConfigError."""
+    out: dict[int, float] = {}
+    for spec in specs:
+        try:
+            rank_text, factor_text = str(spec).split(":")
+            rank, factor = int(rank_text), float(factor_text)
+        except ValueError:
+            raise ConfigError(f"straggler={spec!r}; expected RANK:FACTOR, e.g. 1:3") from None
+        if rank < 0 or not 1.0 <= factor < math.inf:
+            raise ConfigError(f"straggler={spec!r}; allowed: RANK >= 0 and a finite FACTOR >= 1")
+        out[rank] = factor
+    return out
+
+
+# -- the ranks a design's wiring needs ----------------------------------------------------------
+#: options that size a role (the role, the option); only designs that take the option may
+#: set it above 1
+SIZING = (("learner", "learners"), ("server", "servers"), ("replay", "replay_ranks"))
+
+
+def check_wiring(cfg, world_size: int) -> None:
+    """The design's serving ranks (:mod:`mpirl.registry`) leave one experience rank or
+    more, every learner and replay rank has one, and options that size roles are the
+    design's own (after every count was checked >= 1)."""
+    design = registry.design(cfg.mode)
+    for role, option in SIZING:
+        value = getattr(cfg, option)
+        if option != "replay_ranks" and value != 1 and option not in design.options:
+            owners = [d for d in MODES if option in registry.design(d).options]
+            raise ConfigError(f"{option}={value} with mode={cfg.mode!r}; allowed: 1 (several "
+                              f"{role}s are for mode {' or '.join(owners)})")
+    serving = design.serving(cfg)
+    if world_size <= len(serving):
+        raise ConfigError(f"mode={cfg.mode!r} with {_spell(design, serving, cfg)} needs at "
+                          f"least {len(serving) + 1} ranks (one {design.experience_role} or "
+                          f"more), got {world_size}; {_fewer(design, serving, cfg)}")
+    experience = design.experience_ranks(cfg, world_size)
+    for role, noun in (("learner", "learner"), ("replay", "replay rank")):
+        option = dict((r, o) for r, o in SIZING if o in design.options).get(role)
+        count = serving.count(role)
+        if option and count > experience:
+            others = len(serving) - count
+            raise ConfigError(f"{option}={count} with {world_size} ranks leaves {experience} "
+                              f"{design.experience_role}s, and every {noun} needs one; "
+                              f"allowed: 1..{max(1, (world_size - others) // 2)}")
+    actors_envs = experience * cfg.num_envs
+    if design.inference and cfg.inference_mode() == "fixed" and \
+            cfg.inference_batch > actors_envs:
+        raise ConfigError(f"inference_batch={cfg.inference_batch} with fixed-size batching "
+                          f"can never fill: {experience} actors x num_envs "
+                          f"{cfg.num_envs} = {actors_envs} observations at most; allowed: "
+                          f"0..{actors_envs}")
+
+
+def _spell(design, serving: tuple[str, ...], cfg) -> str:
+    """``learners=2``, ``1 learner and replay_ranks=2``: the serving ranks, by role."""
+    parts = []
+    for role in dict.fromkeys(serving):
+        option = dict((r, o) for r, o in SIZING if o in design.options).get(role)
+        count = serving.count(role)
+        parts.append(f"{option}={getattr(cfg, option)}" if option else
+                     f"{count} {role}{'s' if count > 1 else ''}")
+    return " and ".join(parts)
+
+
+def _fewer(design, serving: tuple[str, ...], cfg) -> str:
+    """What to change: lower an option that made several serving ranks, or launch more."""
+    sized = [o for r, o in SIZING if o in design.options and serving.count(r) > 1]
+    if sized:
+        return " or ".join(f"lower --{o.replace('_', '-')}" for o in sized)
+    return f"launch with mpirun -np {len(serving) + 1} or more"

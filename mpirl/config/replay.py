@@ -1,0 +1,111 @@
+"""The value-based designs' fields: prioritized replay, n-step double DQN, sharded
+parameter servers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import registry
+from ..errors import ConfigError
+from .checks import at_least, choice, doc, in_range
+
+GORILA_REPLAY = ("local", "service")
+
+
+@dataclass
+class ReplayFields:
+    replay_ranks: int = doc("apex: replay ranks (1..R), each holding the transitions of its "
+                             "actors (sharded by actor)", default=1)
+    replay_capacity: int = doc("apex/gorila: transitions a replay holds (apex: over all "
+                                "shards, split evenly); FIFO eviction", default=50_000)
+    replay_alpha: float = doc("prioritized replay: priority exponent alpha (0 = uniform)",
+                               default=0.6)
+    replay_beta: float = doc("prioritized replay: importance-sampling exponent beta at the "
+                              "start", default=0.4)
+    beta_anneal_steps: int = doc("learner updates over which beta anneals linearly to 1; "
+                                  "0 = constant", default=0)
+    replay_eps: float = doc("prioritized replay: epsilon added to |TD error|", default=1e-6)
+    replay_batch: int = doc("apex/gorila: transitions per learner update", default=256)
+    learning_starts: int = doc("apex/gorila: transitions stored (over all shards) before "
+                                "learning starts", default=1000)
+    train_intensity: float = doc(
+        "apex: the most transitions sampled per transition inserted, per shard (RLlib's "
+        "training_intensity); the shard holds the learner's request until it may sample; "
+        "0 = no bound", default=0.0)
+    n_step: int = doc("apex/gorila: n of the n-step returns", default=3)
+    dueling: bool = doc("apex/gorila: dueling Q-network head", default=False)
+    target_update: int = doc("apex/gorila: learner updates (gorila: a worker's pushes) "
+                              "between target-network copies", default=100)
+    actor_refresh_steps: int = doc("apex: env steps an actor takes between parameter "
+                                    "refreshes (rounded up to whole rollouts)", default=400)
+    apex_eps: float = doc("apex: per-actor epsilon base: actor i of N acts with "
+                           "eps**(1 + alpha*i/(N-1))", default=0.4)
+    apex_eps_alpha: float = doc("apex: per-actor epsilon exponent alpha", default=7.0)
+    servers: int = doc("gorila, async: parameter-server ranks (0..S-1) holding contiguous "
+                        "shards of the flat parameter vector", default=1)
+    gorila_replay: str = doc("gorila: 'local' (each actor-learner's own replay) or "
+                              "'service' (--replay-ranks replay ranks after the servers, "
+                              "as apex's)", default="local")
+
+
+def check_replay(cfg, world_size: int) -> None:
+    choice("gorila_replay", cfg.gorila_replay, GORILA_REPLAY)
+    for name in ("replay_ranks", "replay_capacity", "replay_batch", "n_step", "target_update",
+                 "actor_refresh_steps", "servers"):
+        at_least(name, getattr(cfg, name), 1)
+    for name in ("beta_anneal_steps", "learning_starts"):
+        at_least(name, getattr(cfg, name), 0)
+    for name in ("replay_alpha", "train_intensity", "apex_eps_alpha"):
+        at_least(name, getattr(cfg, name), 0.0)
+    in_range("replay_beta", cfg.replay_beta, 0.0, 1.0)
+    in_range("replay_eps", cfg.replay_eps, 0.0, 1.0, low_open=True)
+    in_range("apex_eps", cfg.apex_eps, 0.0, 1.0)
+    design = registry.design(cfg.mode)
+    if design.learner == "dqn":
+        shards = design.serving(cfg).count("replay") or 1
+        if cfg.replay_capacity // shards < cfg.replay_batch:
+            raise ConfigError(
+                f"replay_capacity={cfg.replay_capacity} over {shards} replay shard(s) holds "
+                f"{cfg.replay_capacity // shards} each, less than replay_batch="
+                f"{cfg.replay_batch}; allowed: replay_capacity >= "
+                f"{shards * cfg.replay_batch}")
+        _check_discrete(cfg)
+    _check_servers(cfg, world_size)
+
+
+def _check_discrete(cfg) -> None:
+    """A Q-network needs a discrete action space (unknown env ids: check_env says so)."""
+    import gymnasium
+
+    from ..parts.envs import check_env_args   # registers L2Run-v0 and Delay-v0
+
+    if cfg.env not in gymnasium.registry:
+        return
+    if cfg.env == "L2Run-v0":
+        space = "Box (muscle excitations)"           # not built here: OpenSim is slow
+    else:
+        try:
+            check_env_args(cfg.env, cfg.env_kwargs())
+        except ValueError:
+            return                                   # check_env names the argument
+        env = gymnasium.make(cfg.env, **cfg.env_kwargs())
+        space = env.action_space
+        env.close()
+        if isinstance(space, gymnasium.spaces.Discrete):
+            return
+    raise ConfigError(f"mode={cfg.mode!r} learns a Q-network and needs a discrete action "
+                      f"space; env={cfg.env!r} has {space}; allowed: an env with a Discrete "
+                      "action space, e.g. CartPole-v1 or Delay-v0 with --env-arg actions=5")
+
+
+def _check_servers(cfg, world_size: int) -> None:
+    design = registry.design(cfg.mode)
+    if "servers" not in design.options:
+        return
+    if cfg.servers > 1 and cfg.servers >= world_size:   # one server: check_wiring says it
+        raise ConfigError(f"servers={cfg.servers} with {world_size} ranks leaves no worker; "
+                          f"allowed: 1..{max(1, world_size - 1)}")
+    if design.checkpoints == "snapshots" and cfg.servers > 1 and cfg.checkpoint_every:
+        raise ConfigError(f"servers={cfg.servers} with checkpoint_every="
+                          f"{cfg.checkpoint_every}: sharded servers take no checkpoint "
+                          "snapshots yet; allowed: --checkpoint-every 0, or --servers 1")

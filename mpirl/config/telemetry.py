@@ -1,0 +1,37 @@
+"""Bookkeeping: run files, progress lines, logs, replica checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checks import at_least, doc
+
+
+@dataclass
+class TelemetryFields:
+    run_dir: str = doc("parent directory of run directories", default="runs")
+    run_name: str = doc("name of this run's directory (default: topology-mode-Nranks-time)",
+                         default="")
+    log_every: int = doc(
+        "progress line every this many rollouts (sync: rank 0) or server updates "
+        "(async, quorum)", default=20)
+    target_return: float = doc(
+        "stop early once every experience-collecting rank has finished 20 episodes and the "
+        "mean over ranks of their last-20-episode mean return reaches this (checked at "
+        "each progress line); 0 disables", default=0.0)
+    log_flush_every: int = doc(
+        "HDF5 log rows buffered before they are written and flushed; a crash loses at "
+        "most this many rows per rank", default=50)
+    checksum_every: int = doc(
+        "compare a checksum of parameters and optimizer state across ranks every this many "
+        "updates; a mismatch stops the run; 0 disables", default=50)
+    torch_threads: int = doc("torch threads per rank; 0 = cores / ranks sharing them (on an "
+                              "emulated cluster: every rank of the job)",
+                              default=0)
+
+
+def check_telemetry(cfg, world_size: int) -> None:
+    for name in ("log_every", "log_flush_every"):
+        at_least(name, getattr(cfg, name), 1)
+    for name in ("checksum_every", "torch_threads"):
+        at_least(name, getattr(cfg, name), 0)
