@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path, help="where the recorded runs and digests.json are")
     parser.add_argument("--only", nargs="*", default=None, help="a subset of the cases")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="cap per job")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="check: write the runs here (to compare their logs), not to a "
+                             "temporary directory")
     args = parser.parse_args(argv)
     names = args.only or list(CASES)
     unknown = sorted(set(names) - set(CASES))
@@ -87,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     recorded = json.loads(store.read_text())
     failed = 0
     with tempfile.TemporaryDirectory(prefix="mpirl-digests-") as tmp:
+        into = args.keep or Path(tmp)
         for name in names:
             replay = args.dir / name if CASES[name][2] else None
-            digest = run_case(name, Path(tmp), replay, args.timeout_s)
+            digest = run_case(name, into, replay, args.timeout_s)
             same = digest == recorded[name]
             failed += not same
             print(f"{name:22s} {'same' if same else 'DIFFERS'} {digest[:16]} "

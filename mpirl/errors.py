@@ -13,3 +13,9 @@ class StartupMismatch(RuntimeError):
 
 class ReplicaDivergence(RuntimeError):
     """Ranks hold different parameters or optimizer state: the comparison is void."""
+
+
+class AccountingError(RuntimeError):
+    """What was sent does not add up to what was used plus what was dropped (a design's
+    ledger, :mod:`mpirl.kit.ledger`), or a message says it is not what its receiver
+    counted."""

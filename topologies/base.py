@@ -72,6 +72,18 @@ class CommStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+class SummedStats:
+    """Several exchanges' :class:`~topologies.base.CommStats` read as one, live."""
+
+    def __init__(self, parts: list[CommStats]) -> None:
+        self.parts = parts
+
+    def __getattr__(self, name: str):
+        if name == "parts":
+            raise AttributeError(name)
+        return sum(getattr(p, name) for p in self.parts)
+
+
 OPS = ("allreduce", "bcast")
 
 

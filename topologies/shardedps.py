@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .base import CommStats, TopologyError
+from .base import SummedStats, TopologyError
 from .paramserver import ParameterServer
 
 
@@ -99,16 +99,4 @@ class ShardedParameterServer:
             ex.comm.Free()
 
 
-class SummedStats:
-    """Several exchanges' :class:`~topologies.base.CommStats` read as one, live."""
-
-    def __init__(self, parts: list[CommStats]) -> None:
-        self.parts = parts
-
-    def __getattr__(self, name: str):
-        if name == "parts":
-            raise AttributeError(name)
-        return sum(getattr(p, name) for p in self.parts)
-
-
-__all__ = ["ShardedParameterServer", "SummedStats"]
+__all__ = ["ShardedParameterServer", "SummedStats"]   # SummedStats: from .base

@@ -52,11 +52,12 @@ from topologies.channels import PAUSE_S, ChannelClient, ChannelServer, as_bytes
 from topologies.paramserver import DeadlineExceeded
 
 from ..config import Config
-from ..kit.actorlearner import (TAG_PARAMS, TAG_STOP, AccountingError, lag_stats, meta_nbytes,
-                                params_reply, report, settle)
+from ..kit import ledger
+from ..kit.actorlearner import (TAG_PARAMS, TAG_STOP, AccountingError, actor_counts, lag_stats,
+                                meta_nbytes, params_reply, report, settle)
 from ..kit.common import (Episodes, Summary, build_dqn, check_same_model, final_mean_return,
                           reached_target)
-from ..kit.replayservice import BlockSender, ReplayRank, SampleClient, check_counts, traffic
+from ..kit.replayservice import BlockSender, ReplayRank, SampleClient
 from ..parts.actor import Actor
 from ..parts.learner.dqn import DqnLearner, EpsilonGreedy, apex_epsilon, nstep_transitions
 from ..parts.replay import beta_at
@@ -92,21 +93,14 @@ def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
         part = ApexActor(cfg, comm, learner, actor, layout,
                          replay=1 + index % shards, index=index, run_dir=run_dir)
     part.run()
-    counts = comm.allreduce(np.asarray(part.counts(), dtype=np.int64), op=MPI.SUM)
-    check_counts(*counts)
-    summary.env_steps = int(counts[5])
     summary.final_mean_return = final_mean_return(
         comm, part.episodes if isinstance(part, ApexActor) else None)
     if rank == 0:            # the learner: the lag of every transition it trained on
         part.fill(summary)
         summary.mean_policy_lag, summary.p95_policy_lag = lag_stats(part.lags)
         np.save(run_dir / "policy_lag.npy", np.asarray(part.lags, dtype=np.int64))
-    summary.transitions_sent, summary.transitions_inserted = int(counts[0]), int(counts[1])
-    summary.replay_evicted, summary.transitions_sampled = int(counts[3]), int(counts[4])
-    summary.priority_updates, summary.priority_stale = int(counts[7]), int(counts[8])
-    settle(summary, comm, unrolls=(0, 0, 0), requests=(0, 0, 0, 0),
-           bytes_sent=part.bytes_sent(), env_s=part.phases.get("env_s", 0.0),
-           wall_s=sum(part.phases.values()), is_actor=isinstance(part, ApexActor))
+    settle(summary, comm, {**part.counts(), "bytes_sent": part.log.bytes_sent()},
+           ledger.TRANSITIONS, extra=("env_steps", "transitions_sampled"))
     part.log.close(summary.totals())
     return summary
 
@@ -132,9 +126,9 @@ class ApexActor:
         self.owed = np.zeros(3)           # env steps, episodes, return sum since a request
         self.env_steps = self.requests = 0
         self.version = -1
-        self.logged = (0, 0)
         self.phases: dict[str, float] = {}
         self.log = RunLogger(cfg, comm, run_dir, role="actor")
+        self.log.watch(self.to_replay, self.to_learner, waits=())
 
     def run(self) -> None:
         cfg, timer = self.cfg, PhaseTimer()
@@ -151,12 +145,9 @@ class ApexActor:
                 blocks += 1
                 if blocks % every == 0:
                     alive = self._refresh(timer, guard.stop_requested)
-                sent, received = self._bytes()
                 add_phases(self.phases, self.log.record(
                     blocks, timer, env_steps=cfg.steps_per_batch, param_version=self.version,
-                    bytes_sent=sent - self.logged[0], bytes_recv=received - self.logged[1],
                     inserted=self.layout.block_size))
-                self.logged = (sent, received)
                 guard.beat(blocks, "between blocks")
             self.to_replay.leave(timer)       # the learner said STOP
         add_phases(self.phases, timer.take())
@@ -204,14 +195,10 @@ class ApexActor:
         self.version = int(self.reply[0]["meta"][0])
         return True
 
-    def counts(self) -> list[int]:
-        return [self.to_replay.transitions, 0, 0, 0, 0, self.env_steps, 0, 0, 0, 0]
+    def counts(self) -> dict:
+        return actor_counts(0, self.phases, transitions_sent=self.to_replay.transitions,
+                            env_steps=self.env_steps)
 
-    def _bytes(self) -> tuple[int, int]:
-        return traffic(self.to_replay.stats, self.to_learner.stats)
-
-    def bytes_sent(self) -> int:
-        return self._bytes()[0]
 
 
 class ApexLearner:
@@ -234,10 +221,10 @@ class ApexLearner:
         self.recent: dict[int, float] = {}
         self.stopping = self.solved = self.signalled = False
         self.lags: list[int] = []
-        self.logged = (0, 0)
         self.phases: dict[str, float] = {}
         self.progress = Progress(run_dir, enabled=True)
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
+        self.log.watch(self.params, *self.samplers.values(), waits=())
         # which batch or parameter request was taken next: recorded, or enforced
         self.schedule = Schedule(run_dir, 0, cfg.replay_schedule)
 
@@ -321,14 +308,11 @@ class ApexLearner:
         if self.version % cfg.target_update == 0:
             learner.sync_target()
         sampler.owe(*slots, td)                # sent with the next request (one batch late)
-        sent, received = self._bytes()
         add_phases(self.phases, self.log.record(
-            self.version, timer, bytes_sent=sent - self.logged[0],
-            bytes_recv=received - self.logged[1], param_version=self.version,
+            self.version, timer, param_version=self.version,
             policy_lag=float(np.mean(lag)), policy_lag_max=int(max(lag)),
             sampled=cfg.replay_batch, prio_updates=cfg.replay_batch,
             value_loss=parts["value_loss"]))
-        self.logged = (sent, received)
         if self.version % cfg.log_every == 0:
             self.window = report(self.progress, self.version, self.env_steps, self.window,
                                  self.lags)
@@ -395,15 +379,8 @@ class ApexLearner:
             sampler.end()                          # owed priorities not sent: the run is over
         self.params.close(timeout_s=self.cfg.wait_timeout_s)
 
-    def _bytes(self) -> tuple[int, int]:
-        return traffic(self.params.stats, *(c.stats for c in self.samplers.values()))
-
-    def bytes_sent(self) -> int:
-        return self._bytes()[0]
-
-    def counts(self) -> list[int]:
-        prio_sent = sum(c.prio_sent for c in self.samplers.values())
-        return [0, 0, 0, 0, 0, 0, prio_sent, 0, 0, 0]
+    def counts(self) -> dict:
+        return {"priority_sent": sum(c.prio_sent for c in self.samplers.values())}
 
     def fill(self, summary: Summary) -> None:
         summary.updates = self.version

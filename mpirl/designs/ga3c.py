@@ -106,8 +106,8 @@ class Predictor(InferenceServer):
     def unroll_fate(self) -> tuple[int, int]:
         return 0, self.dropped
 
-    def bytes_sent(self) -> int:
-        return self.server.stats.bytes_sent + self.to_trainer.stats.bytes_sent
+    def channels(self) -> tuple:
+        return (self.server, self.to_trainer)
 
 
 class Trainer:
@@ -124,9 +124,9 @@ class Trainer:
         self.queue = UnrollQueue(cfg.max_policy_lag)
         self.batch = cfg.unroll_batch or comm.Get_size() - 2
         self.published = 0                 # version the predictor last got
-        self.logged = (0, 0)               # bytes sent and received up to the last row
         self.phases: dict[str, float] = {}
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
+        self.log.watch(self.server, waits=())
 
     def run(self) -> None:
         timer, server, cfg = PhaseTimer(), self.server, self.cfg
@@ -147,14 +147,10 @@ class Trainer:
                 if records:
                     losses = self.trainer.train(records, timer)
                     lags = self.queue.lags[-len(records):]
-                    stats, (sent, received) = server.stats, self.logged
                     add_phases(self.phases, self.log.record(
                         self.trainer.version, timer, param_version=self.trainer.version,
-                        bytes_sent=stats.bytes_sent - sent,
-                        bytes_recv=stats.bytes_recv - received,
                         policy_lag=float(np.mean(lags)), policy_lag_max=max(lags),
                         queue_len=queued, **losses))
-                    self.logged = (stats.bytes_sent, stats.bytes_recv)
                     guard.beat(self.trainer.version, "between updates")
                 self._publish(timer)        # after the step: the freshest parameters
         self.queue.drop_rest()
@@ -173,8 +169,6 @@ class Trainer:
                 self.server.reply(self.predictor, as_bytes(self.reply)[:meta_nbytes()],
                                   tag=TAG_KEEP)
 
-    def totals(self) -> dict:
-        q = self.queue
-        return {"unrolls": (0, q.used, q.dropped), "requests": (0, 0, 0, 0),
-                "bytes_sent": self.server.stats.bytes_sent, "env_s": 0.0, "wall_s": 0.0,
-                "is_actor": False}
+    def counts(self) -> dict:
+        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped,
+                "bytes_sent": self.log.bytes_sent()}

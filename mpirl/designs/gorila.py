@@ -56,7 +56,7 @@ from topologies.shardedps import ShardedParameterServer
 from ..config import Config
 from ..kit.common import Episodes, Summary, build_dqn
 from ..kit.pushpull import _PUSHES, _STEPS, META, AccountingError
-from ..kit.replayservice import BlockSender, SampleClient, replay_warmup, traffic
+from ..kit.replayservice import BlockSender, SampleClient, replay_warmup
 from ..kit.shards import GORILA_META, ShardComms, run_sharded
 from ..parts.learner.dqn import EpsilonGreedy, apex_epsilon
 from ..parts.replay import PrioritizedReplay, beta_at
@@ -95,7 +95,7 @@ class LocalMemory:
         self.warmup = max(cfg.replay_batch, cfg.learning_starts // workers)
         self.slots: tuple = ()
         self.sent = self.prio_sent = 0
-        self.stats: list = []             # no traffic: the memory is in this process
+        self.channels: tuple = ()         # no traffic: the memory is in this process
 
     def insert(self, trans: dict, prios: np.ndarray, version: int, timer) -> int:
         n = fill(self.block, trans, prios, version)
@@ -122,10 +122,12 @@ class LocalMemory:
     def leave(self, timer) -> None:
         pass
 
-    def counts(self) -> list[int]:
+    def counts(self) -> dict:
         r = self.replay
-        return [self.sent, r.inserted, len(r), r.evicted, r.sampled, 0, self.prio_sent,
-                r.updated, r.stale_updates, 0]
+        return {"transitions_sent": self.sent, "transitions_inserted": r.inserted,
+                "replay_stored": len(r), "replay_evicted": r.evicted,
+                "transitions_sampled": r.sampled, "priority_sent": self.prio_sent,
+                "priority_updates": r.updated, "priority_stale": r.stale_updates}
 
 
 class ServiceMemory:
@@ -143,8 +145,8 @@ class ServiceMemory:
         self.schedule = Schedule(run_dir, comm.Get_rank(), cfg.replay_schedule)
 
     @property
-    def stats(self) -> list:
-        return [self.sender.stats, self.sampler.stats]
+    def channels(self) -> tuple:
+        return (self.sender, self.sampler)
 
     def insert(self, trans: dict, prios: np.ndarray, version: int, timer) -> int:
         return self.sender.ship(trans, prios, version, timer)
@@ -187,8 +189,9 @@ class ServiceMemory:
         self.sampler.end()
         self.schedule.save()
 
-    def counts(self) -> list[int]:
-        return [self.sender.transitions, 0, 0, 0, 0, 0, self.sampler.prio_sent, 0, 0, 0]
+    def counts(self) -> dict:
+        return {"transitions_sent": self.sender.transitions,
+                "priority_sent": self.sampler.prio_sent}
 
 
 class GorilaWorker:
@@ -208,7 +211,6 @@ class GorilaWorker:
         self.episodes = Episodes()
         self.owed = np.zeros(3)
         self.pushes = self.rollouts = self.inserted = self.skipped = 0
-        self.logged = (0, 0)
         self.phases: dict[str, float] = {}
         self.log = RunLogger(cfg, comm, run_dir, role="worker")
 
@@ -220,7 +222,8 @@ class GorilaWorker:
                 alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
             learner.sync_target()
             add_phases(self.phases, timer.take())
-            self.logged = self._traffic()
+            # its waits are the exchange's (a replay rank's waits are data_wait_s)
+            self.log.watch(ps, *self.memory.channels, waits=(ps,))
             self.log.begin()
             while alive:
                 guard.at(f"collecting rollout {self.rollouts + 1}")
@@ -267,11 +270,10 @@ class GorilaWorker:
                 learner.clip_grad(cfg.max_grad_norm)
         return parts
 
-    def _traffic(self) -> tuple[int, int]:
-        return traffic(self.ps.stats, *self.memory.stats)
-
-    def counts(self) -> list[int]:
-        return self.memory.counts()
+    def counts(self) -> dict:
+        """Its ledger's counts: its pushes and its replay memory's."""
+        return {"gradients_sent": self.pushes, "updates_skipped": self.skipped,
+                **self.memory.counts()}
 
     def _exchange(self, meta: np.ndarray, timer, stop: bool, losses: dict) -> bool:
         cfg, ps, learner = self.cfg, self.ps, self.learner
@@ -284,21 +286,16 @@ class GorilaWorker:
         meta[META.index("stop")] = stop
         meta[META.index("busy_s")] = sum(self.phases.values()) + timer.total()
         meta[META.index("exchange_s")] = self.phases.get("exchange_s", 0.0)
-        waited = ps.stats.wait_s
         with timer("exchange_s"):
             ps.push(learner.grad, meta)
             self.pushes += 1
             alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
         if self.pushes % cfg.target_update == 0:
             learner.sync_target()
-        sent, received = self._traffic()
         add_phases(self.phases, self.log.record(
-            self.pushes, timer, bytes_sent=sent - self.logged[0],
-            bytes_recv=received - self.logged[1], wait_s=ps.stats.wait_s - waited,
-            env_steps=int(self.owed[0]), inserted=self.inserted,
+            self.pushes, timer, env_steps=int(self.owed[0]), inserted=self.inserted,
             sampled=cfg.replay_batch, replay_size=self.memory.size(),
             value_loss=losses["value_loss"]))
-        self.logged = (sent, received)
         self.owed[:] = 0.0
         self.inserted = 0
         return alive

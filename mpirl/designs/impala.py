@@ -34,8 +34,8 @@ from topologies.channels import ChannelClient, ChannelServer, as_bytes
 
 from ..config import Config
 from ..kit.actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, UnrollQueue,
-                                VtraceTrainer, lag_stats, meta_nbytes, params_reply, report,
-                                settle)
+                                VtraceTrainer, actor_counts, lag_stats, meta_nbytes,
+                                params_reply, report, settle)
 from ..kit.common import (Episodes, Summary, build_replica, check_same_model, final_mean_return,
                           reached_target)
 from ..parts.actor import ModelPolicy
@@ -60,19 +60,18 @@ def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
         actors = [a for a in range(n_learners, size) if (a - n_learners) % n_learners == rank]
         part = ImpalaLearner(cfg, comm, learners_comm, learner, layout, actors, run_dir)
         part.run()
-        totals = part.fill(summary)
+        part.fill(summary)
         learners_comm.Free()
     else:
         part = ImpalaActor(cfg, comm, learner, actor, layout,
                            server=(rank - n_learners) % n_learners, run_dir=run_dir)
         part.run()
-        totals = part.totals()
     summary.env_steps = comm.bcast(summary.env_steps, root=0)
     summary.final_mean_return = final_mean_return(comm, None if is_learner else part.episodes)
     lags = comm.gather(part.queue.lags if is_learner else [], root=0)
     if rank == 0:
         summary.mean_policy_lag, summary.p95_policy_lag = lag_stats(sum(lags, []))
-    settle(summary, comm, **totals)
+    settle(summary, comm, part.counts())
     part.log.close(summary.totals())
     if rank == 0:
         np.save(run_dir / "policy_lag.npy", np.asarray(sum(lags, []), dtype=np.int64))
@@ -100,6 +99,7 @@ class ImpalaActor:
         policy, timer = ModelPolicy(self.learner.model), PhaseTimer()
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
             self._take_reply(timer)                       # the learner's first parameters
+            log.watch(self.client)
             log.begin()
             in_flight = False
             while True:
@@ -108,8 +108,6 @@ class ImpalaActor:
                 acted_with = self.version
                 rollout = self.actor.collect(policy, cfg.rollout_steps, timer)
                 self._pack(record, rollout, acted_with, guard.stop_requested)
-                stats = self.client.stats
-                sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
                 if in_flight:
                     guard.at(f"waiting for the reply to unroll {self.sent}")
                     if not self._take_reply(timer):
@@ -118,9 +116,7 @@ class ImpalaActor:
                     self.client.send(record)
                 self.sent, in_flight = self.sent + 1, True
                 add_phases(self.phases, log.record(
-                    self.sent, timer, bytes_sent=stats.bytes_sent - sent,
-                    bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
-                    env_steps=cfg.steps_per_batch, param_version=acted_with))
+                    self.sent, timer, env_steps=cfg.steps_per_batch, param_version=acted_with))
                 guard.beat(self.sent, "between unrolls")
         add_phases(self.phases, timer.take())
 
@@ -153,11 +149,8 @@ class ImpalaActor:
             raise AccountingError(f"rank {self.comm.Get_rank()}: unexpected reply tag {tag}")
         return True
 
-    def totals(self) -> dict:
-        return {"unrolls": (self.sent, 0, 0), "requests": (0, 0, 0, 0),
-                "bytes_sent": self.client.stats.bytes_sent,
-                "env_s": self.phases.get("env_s", 0.0),
-                "wall_s": sum(self.phases.values()), "is_actor": True}
+    def counts(self) -> dict:
+        return actor_counts(self.log.bytes_sent(), self.phases, unrolls_sent=self.sent)
 
 
 class ImpalaLearner:
@@ -183,21 +176,16 @@ class ImpalaLearner:
         self.window = [0.0, 0.0]
         self.stopping = self.solved = False
         self.phases: dict[str, float] = {}
-        self.logged = (0, 0)             # bytes sent and received up to the last row
         self.progress = Progress(run_dir, enabled=comm.Get_rank() == 0)
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
+        # replies and unrolls, and the exchange among learners
+        self.log.watch(self.server, *filter(None, [self.trainer.exchange]), waits=())
         # which unroll was taken when: recorded, or enforced (--replay-schedule)
         self.schedule = Schedule(run_dir, comm.Get_rank(), cfg.replay_schedule)
 
     @property
     def version(self) -> int:
         return self.trainer.version
-
-    def _bytes(self) -> tuple[int, int]:
-        """Bytes this learner sent and received so far: replies, unrolls, exchange."""
-        stats = [self.server.stats] + ([self.trainer.exchange.stats]
-                                       if self.trainer.exchange else [])
-        return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
 
     def run(self) -> None:
         timer, log = PhaseTimer(), self.log
@@ -213,14 +201,10 @@ class ImpalaLearner:
                 self.schedule.take(STEP, self.version)
                 losses = self.trainer.train(records, timer)
                 lags = self.queue.lags[-len(records):]
-                sent, received = self._bytes()
                 add_phases(self.phases, log.record(
-                    self.version, timer,
-                    bytes_sent=sent - self.logged[0], bytes_recv=received - self.logged[1],
-                    param_version=self.version,
+                    self.version, timer, param_version=self.version,
                     policy_lag=float(np.mean(lags)), policy_lag_max=max(lags),
                     queue_len=queued, **losses))
-                self.logged = (sent, received)
                 self._agree(guard.stop_requested)
                 guard.beat(self.version, "between updates")
             self._drain(timer)
@@ -328,7 +312,7 @@ class ImpalaLearner:
         self.sub.Allreduce(MPI.IN_PLACE, drained, op=MPI.SUM)
         self.env_steps = before + int(drained[0])
 
-    def fill(self, summary: Summary) -> dict:
+    def fill(self, summary: Summary) -> None:
         summary.updates = self.version
         summary.env_steps = self.env_steps
         summary.wall_s = self.progress.elapsed()
@@ -338,10 +322,10 @@ class ImpalaLearner:
         digests = self.sub.allgather(summary.param_digest)
         if len(set(digests)) > 1:
             raise AccountingError(f"learners' parameters diverged: {digests}")
-        q = self.queue
-        bytes_sent = self._bytes()[0]
-        return {"unrolls": (0, q.used, q.dropped), "requests": (0, 0, 0, 0),
-                "bytes_sent": bytes_sent, "env_s": 0.0, "wall_s": 0.0, "is_actor": False}
+
+    def counts(self) -> dict:
+        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped,
+                "bytes_sent": self.log.bytes_sent()}
 
 
 __all__ = ["META", "ImpalaActor", "ImpalaLearner", "run_impala"]

@@ -70,7 +70,8 @@ from topologies.paramserver import TAG_PARAMS, TAG_SNAPSHOT, TAG_SNAPSHOT_STOP, 
 
 from ..config import Config
 from ..kit.common import Summary, build_replica, check_same_model, final_mean_return
-from ..kit.pushpull import _STEPS, META, AccountingError, ServerBook, Worker, restore_generation
+from ..kit import ledger
+from ..kit.pushpull import _STEPS, META, ServerBook, Worker, restore_generation
 from ..kit.shards import run_sharded
 from ..parts.learner import Learner
 from ..parts.server import AsyncPolicy, QuorumPolicy
@@ -123,24 +124,18 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, make_policy) -> Summary:
             worker.log.close()
             raise StopRequested(worker.pushes, run_dir)
         episodes = worker.episodes
-        summary.gradients_sent, summary.updates_skipped = worker.pushes, worker.skipped
         summary.phase_s = worker.phases
     # Collective bookkeeping after the exchange has ended: no traffic during it.
-    sent = comm.allreduce(summary.gradients_sent if not ps.is_server else 0)
-    summary.updates_skipped = comm.allreduce(summary.updates_skipped)
+    part = server if ps.is_server else worker
+    ledger.record(summary, ledger.settle(comm, part.counts(), ledger.GRADIENTS,
+                                         extra=("updates_skipped",)))
     summary.final_mean_return = final_mean_return(comm, episodes)
     summary.phase_s = comm.bcast(summary.phase_s if ps.rank == 1 else None, root=1)
-    log = server.log if ps.is_server else worker.log
     if ps.is_server:
-        summary.gradients_sent = sent
-        if sent != summary.gradients_applied + summary.gradients_dropped:
-            raise AccountingError(
-                f"workers sent {sent} gradients but the server applied "
-                f"{summary.gradients_applied} and dropped {summary.gradients_dropped}")
         # every rank is done writing: a snapshot cut short by the budget's end is dropped
         last = checkpoint.latest_complete(run_dir, ps.size)
         checkpoint.remove_generations(run_dir, lambda g: last is not None and g <= last)
-    log.close(summary.totals())
+    part.log.close(summary.totals())
     return summary
 
 
@@ -189,13 +184,12 @@ class Server:
                 self._answer(worker)
         timer = PhaseTimer()
         with Guard(self.cfg, ps.comm, ps.rank) as guard:
+            log.watch(ps)
             log.begin()
             while self.active:
                 if guard.stop_requested and not self.snaps.stop_requested:
                     self.snaps.request_stop(self.active, self.stopping)
                 guard.inject(policy.version + 1, self.learner.params)  # exit/raise/hang
-                stats = ps.stats
-                sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
                 applied, version = policy.applied, policy.version
                 scheduled = self.schedule.next()       # a replay: this worker's push next
                 with timer("exchange_s"):
@@ -209,9 +203,8 @@ class Server:
                 with timer("optimizer_s"):
                     self._handle(worker, buf)
                 # one row per gradient received: the version it was computed on, its staleness
-                log.record(policy.version, timer, bytes_sent=stats.bytes_sent - sent,
-                           bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
-                           env_steps=int(meta[_STEPS]), param_version=computed_on,
+                log.record(policy.version, timer, env_steps=int(meta[_STEPS]),
+                           param_version=computed_on,
                            staleness=version - computed_on, dropped=int(policy.applied == applied))
                 self.book.rows += 1
                 if self.snaps.complete:
@@ -288,6 +281,10 @@ class Server:
     def _report(self) -> None:
         self.book.report(self.progress, self.policy, self.cfg.target_return,
                          len(self.ps.workers))
+
+    def counts(self) -> dict:
+        """Its ledger's counts (:mod:`mpirl.kit.ledger`)."""
+        return {"gradients_applied": self.policy.applied, "gradients_dropped": self.policy.dropped}
 
     def fill(self, summary: Summary) -> None:
         self.book.fill(summary, self.policy, self.progress)

@@ -142,6 +142,7 @@ class SyncRank:
         log = RunLogger(cfg, comm, run_dir, role="worker",
                         resume_update=count.update if cfg.resume else None)
         exchange.failed = log.failure
+        log.watch(exchange, waits=(), from_zero=True)   # the first row holds the bcast
         return cls(cfg, run_dir, learner, actor, exchange, count, episodes, progress, saved,
                    log)
 
@@ -152,8 +153,7 @@ class SyncRank:
 
     def record(self, update: int, timer: PhaseTimer, losses: dict, first: bool) -> None:
         """The update's log row and counters, and the replica check when it is due."""
-        sent, received = self.exchange.take_bytes()
-        phases = self.log.record(update, timer, bytes_sent=sent, bytes_recv=received,
+        phases = self.log.record(update, timer,
                                  env_steps=self.count.steps_per_batch if first else 0,
                                  param_version=update - 1, staleness=0, **losses)
         self.count.updated(phases, self.exchange.size)

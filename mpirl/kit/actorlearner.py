@@ -22,7 +22,9 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import AccountingError  # noqa: F401 (the designs raise it from here too)
 from ..parts.unroll import M, batch_unrolls
+from . import ledger
 from .common import Summary
 
 TAG_PARAMS = 62      # reply: meta + parameters
@@ -31,10 +33,6 @@ TAG_STOP = 64        # reply: meta only; the client's last message
 TAG_ACTIONS = 65     # seed/ga3c reply: meta + one action per env
 #: the numbers at the head of every reply (float64)
 REPLY_META = ("version",)
-
-
-class AccountingError(RuntimeError):
-    """What was sent does not add up to what was used plus what was dropped."""
 
 
 def params_reply(n_params: int) -> np.ndarray:
@@ -130,25 +128,24 @@ def lag_stats(lags: list[int]) -> tuple[float, float]:
     return float(values.mean()), float(np.percentile(values, 95))
 
 
-def settle(summary: Summary, comm: MPI.Comm, *, unrolls: tuple[int, int, int],
-           requests: tuple[int, int, int, int], bytes_sent: int, env_s: float,
-           wall_s: float, is_actor: bool) -> None:
-    """The run's totals over every rank (collective), checked: ``unrolls`` this rank
-    sent, used, dropped; ``requests`` sent, answered, dropped and actions received."""
-    totals = np.asarray([*unrolls, *requests, bytes_sent, env_s if is_actor else 0.0,
-                         wall_s if is_actor else 0.0], dtype=np.float64)
-    comm.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)
-    (summary.unrolls_sent, summary.unrolls_used, summary.unrolls_dropped,
-     summary.requests_sent, summary.requests_answered, summary.requests_dropped,
-     summary.actions_received) = (int(x) for x in totals[:7])
-    summary.bytes_per_env_step = totals[7] / summary.env_steps if summary.env_steps else math.nan
-    summary.actor_env_share = totals[8] / totals[9] if totals[9] else math.nan
-    s = summary
-    if s.unrolls_sent != s.unrolls_used + s.unrolls_dropped:
-        raise AccountingError(f"{s.unrolls_sent} unrolls sent, but {s.unrolls_used} used + "
-                              f"{s.unrolls_dropped} dropped")
-    if s.requests_sent != s.requests_answered + s.requests_dropped or \
-            s.actions_received != s.requests_answered:
-        raise AccountingError(f"{s.requests_sent} requests sent, {s.requests_answered} "
-                              f"answered + {s.requests_dropped} dropped, "
-                              f"{s.actions_received} actions received")
+def settle(summary: Summary, comm: MPI.Comm, counts: dict,
+           invariants: tuple = ledger.UNROLLS + ledger.REQUESTS,
+           extra: tuple[str, ...] = ()) -> dict[str, float]:
+    """The run's totals over every rank (collective), checked against ``invariants``
+    (:func:`mpirl.kit.ledger.settle`), into ``summary``: every count that is a summary
+    field, bytes per env step, and the actors' env share of their time (``bytes_sent``,
+    ``actor_env_s``, ``actor_wall_s`` among ``counts``)."""
+    totals = ledger.settle(comm, counts, invariants,
+                           extra=("bytes_sent", "actor_env_s", "actor_wall_s", *extra))
+    ledger.record(summary, totals)
+    steps, wall = summary.env_steps, totals["actor_wall_s"]
+    summary.bytes_per_env_step = totals["bytes_sent"] / steps if steps else math.nan
+    summary.actor_env_share = totals["actor_env_s"] / wall if wall else math.nan
+    return totals
+
+
+def actor_counts(bytes_sent: int, phases: dict, **counts) -> dict:
+    """An actor's counts: ``counts``, its bytes, and its env and wall seconds."""
+    return {**counts, "bytes_sent": bytes_sent, "actor_env_s": phases.get("env_s", 0.0),
+            "actor_wall_s": sum(phases.values())}
+

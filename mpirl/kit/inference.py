@@ -34,7 +34,8 @@ from ..resilience.schedule import STEP, Schedule
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .actorlearner import TAG_ACTIONS, TAG_STOP, AccountingError, lag_stats, report, settle
+from .actorlearner import (TAG_ACTIONS, TAG_STOP, AccountingError, actor_counts, lag_stats,
+                          report, settle)
 from .common import (Episodes, Summary, build_replica, check_same_model, final_mean_return,
                      reached_target)
 
@@ -125,7 +126,6 @@ def run_inference(cfg: Config, comm: MPI.Comm, run_dir: Path, *, make_server,
     else:
         part = make_trainer(cfg, comm, learner, layout, predictor=1, run_dir=run_dir)
     part.run()
-    totals = part.totals()
     lags = part.queue.lags if rank == 0 else []
     if rank == reporter:
         part.fill(summary)
@@ -138,7 +138,7 @@ def run_inference(cfg: Config, comm: MPI.Comm, run_dir: Path, *, make_server,
         np.save(run_dir / "policy_lag.npy", np.asarray(lags, dtype=np.int64))
     summary.final_mean_return = final_mean_return(
         comm, part.episodes if rank >= servers else None)
-    settle(summary, comm, **totals)
+    settle(summary, comm, part.counts())
     part.log.close(summary.totals())
     return summary
 
@@ -159,21 +159,18 @@ class SeedActor:
     def run(self) -> None:
         cfg, policy, timer, rows = self.cfg, self.policy, PhaseTimer(), 0
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
+            self.log.watch(self.client)
             self.log.begin()
             try:
                 while True:
                     guard.at(f"stepping rollout {rows + 1}")
                     policy.stop = guard.stop_requested
-                    stats = self.client.stats
-                    sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
                     self.actor.collect(policy, cfg.rollout_steps, timer)
                     rows += 1
                     self._episodes(rows)
                     rtt, policy.rtt_s = policy.rtt_s, 0.0
                     add_phases(self.phases, self.log.record(
-                        rows, timer, bytes_sent=stats.bytes_sent - sent,
-                        bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
-                        env_steps=cfg.steps_per_batch, param_version=policy.version,
+                        rows, timer, env_steps=cfg.steps_per_batch, param_version=policy.version,
                         rtt_s=rtt / cfg.rollout_steps))
                     guard.beat(rows, "between rollouts")
             except Stopped:
@@ -186,12 +183,10 @@ class SeedActor:
         self.log.episodes(row, finished)
         self.log.sim_times(row, self.actor.drain_sim_times())
 
-    def totals(self) -> dict:
-        p = self.policy
-        return {"unrolls": (0, 0, 0), "requests": (p.sent, 0, 0, p.answered),
-                "bytes_sent": self.client.stats.bytes_sent,
-                "env_s": self.phases.get("env_s", 0.0), "wall_s": sum(self.phases.values()),
-                "is_actor": True}
+    def counts(self) -> dict:
+        return actor_counts(self.log.bytes_sent(), self.phases,
+                            requests_sent=self.policy.sent,
+                            actions_received=self.policy.answered)
 
 
 class Batcher:
@@ -267,7 +262,6 @@ class InferenceServer:
         self.made = self.answered = self.stopped = self.rows = 0
         self.passes = Passes()
         self.env_steps, self.window = 0, [0.0, 0.0]
-        self.bytes_logged = 0
         self.next_report = cfg.log_every
         self.recent = {a: Episodes() for a in actors}
         self.stopping = self.solved = False
@@ -281,6 +275,7 @@ class InferenceServer:
     def run(self) -> None:
         timer = PhaseTimer()
         with Guard(self.cfg, self.comm, self.comm.Get_rank()) as guard:
+            self.log.watch(*self.channels(), waits=())
             self.log.begin()
             while not self.stopping:
                 guard.at("serving inference")
@@ -363,17 +358,15 @@ class InferenceServer:
         """Unrolls used and dropped here."""
         raise NotImplementedError
 
-    def bytes_sent(self) -> int:
-        return self.server.stats.bytes_sent
+    def channels(self) -> tuple:
+        """What this rank sends and receives through (counted in its log rows)."""
+        return (self.server,)
 
     # -- shared ----------------------------------------------------------------------------
     def _row(self, timer, **fields) -> None:
         self.rows += 1
-        batch = self.passes.take()
-        sent = self.bytes_sent()
-        sent, self.bytes_logged = sent - self.bytes_logged, sent
         add_phases(self.phases, self.log.record(
-            self.rows, timer, batch_size=batch, bytes_sent=sent, **fields))
+            self.rows, timer, batch_size=self.passes.take(), **fields))
 
     def _check_end(self, signalled: bool) -> None:
         cfg = self.cfg
@@ -410,7 +403,8 @@ class InferenceServer:
         summary.phase_s = dict(self.phases)
         summary.mean_inference_batch = self.passes.mean()
 
-    def totals(self) -> dict:
-        return {"unrolls": (self.made, *self.unroll_fate()),
-                "requests": (0, self.answered, self.stopped, 0),
-                "bytes_sent": self.bytes_sent(), "env_s": 0.0, "wall_s": 0.0, "is_actor": False}
+    def counts(self) -> dict:
+        used, dropped = self.unroll_fate()
+        return {"unrolls_sent": self.made, "unrolls_used": used, "unrolls_dropped": dropped,
+                "requests_answered": self.answered, "requests_dropped": self.stopped,
+                "bytes_sent": self.log.bytes_sent()}

@@ -16,7 +16,7 @@ A violated equality raises :class:`mpirl.errors.AccountingError` with every term
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 from mpi4py import MPI
@@ -75,3 +75,11 @@ def settle(comm: MPI.Comm, counts: dict[str, float], invariants: tuple[Balance, 
     for balance in invariants:
         balance.check(totals)
     return totals
+
+
+def record(summary, totals: dict[str, float]) -> None:
+    """Every total whose name is a field of ``summary`` (a count), as an int."""
+    names = {f.name for f in fields(summary)}
+    for name, value in totals.items():
+        if name in names:
+            setattr(summary, name, int(value))

@@ -17,6 +17,7 @@ import numpy as np
 from topologies.paramserver import ParameterServer
 
 from ..config import Config
+from ..errors import AccountingError
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Batch, Learner
 from ..parts.replay import FifoReplay
@@ -34,10 +35,6 @@ META = ("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
         "recent_mean", "stop")   # recent_mean: NaN until the worker has finished 20
                                  # episodes; stop: 1 once the worker got SIGTERM/SIGINT
 _STEPS, _EPISODES, _RETURNS, _PUSHES, _EXCHANGE, _BUSY, _RECENT, _STOP = range(len(META))
-
-
-class AccountingError(RuntimeError):
-    """Gradients sent by workers do not add up to gradients applied plus dropped."""
 
 
 def restore_generation(saved: TrainingState, run_dir: Path, rank: int, generation: int,
@@ -82,6 +79,7 @@ class Worker:
                 with timer("exchange_s"):
                     alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
                 add_phases(self.phases, timer.take())
+            log.watch(ps)
             log.begin()
             while alive:
                 if not self.replay:
@@ -94,8 +92,6 @@ class Worker:
                 if self.clip_norm:
                     learner.clip_grad(self.clip_norm)
                 self._fill(meta, guard.stop_requested, busy_s=timer.total())
-                stats = ps.stats
-                sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
                 guard.at(f"waiting for the server's reply to push {self.pushes + 1}")
                 with timer("exchange_s"):
                     ps.push(learner.grad, meta)
@@ -103,9 +99,7 @@ class Worker:
                     alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
                 self.owed[:] = 0.0
                 add_phases(self.phases, log.record(
-                    self.pushes, timer, bytes_sent=stats.bytes_sent - sent,
-                    bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
-                    env_steps=int(meta[_STEPS]), **losses))
+                    self.pushes, timer, env_steps=int(meta[_STEPS]), **losses))
                 guard.beat(self.pushes, "between pushes")
                 if ps.snapshot:           # the server's cut: write this worker's side of it
                     self.stopped = not alive
@@ -134,6 +128,10 @@ class Worker:
         recent = self.episodes.recent_mean()
         meta[_RECENT] = np.nan if recent is None else recent
         meta[_STOP] = stop
+
+    def counts(self) -> dict:
+        """Its ledger's counts (:mod:`mpirl.kit.ledger`)."""
+        return {"gradients_sent": self.pushes, "updates_skipped": self.skipped}
 
     def state(self) -> dict:
         return {"generation": self.generation, "world_size": self.ps.size,

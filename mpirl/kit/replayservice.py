@@ -46,36 +46,14 @@ from ..resilience.guard import Guard
 from ..resilience.schedule import ANSWER, REQUEST, Schedule, ScheduleDiverged
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .actorlearner import TAG_KEEP, TAG_STOP, AccountingError
+from ..errors import AccountingError
+from .actorlearner import TAG_KEEP, TAG_STOP
 
 TAG_SAMPLE = 66      # sampler -> replay requests (actors' blocks use the channel default)
-
-#: what every rank's ``counts()`` returns (summed over ranks by :func:`check_counts`)
-COUNTS = ("sent", "inserted", "stored", "evicted", "sampled", "env_steps", "prio_sent",
-          "prio_applied", "prio_stale", "invalid")
-
-
-def check_counts(sent, inserted, stored, evicted, sampled, env_steps, prio_sent, prio_applied,
-                 prio_stale, invalid) -> None:
-    """The run's transition and priority accounting (summed over ranks)."""
-    if not sent == inserted == stored + evicted:
-        raise AccountingError(f"actors sent {sent} transitions, the replays inserted "
-                              f"{inserted}, which are {stored} stored + {evicted} evicted")
-    if prio_sent != prio_applied + prio_stale:
-        raise AccountingError(f"the samplers sent {prio_sent} priorities, the replays "
-                              f"applied {prio_applied} and skipped {prio_stale} as stale")
-    if invalid:
-        raise AccountingError(f"{invalid} sampled slots held no stored transition")
-
 
 def replay_warmup(cfg: Config) -> int:
     """Transitions a replay rank stores before it answers a sample request."""
     return max(cfg.replay_batch, math.ceil(cfg.learning_starts / cfg.replay_ranks))
-
-
-def traffic(*stats) -> tuple[int, int]:
-    """Bytes sent and received over these channels' (or exchanges') stats."""
-    return sum(s.bytes_sent for s in stats), sum(s.bytes_recv for s in stats)
 
 
 class BlockSender:
@@ -212,9 +190,9 @@ class ReplayRank:
         self.taken = {a: 0 for a in actors}
         self.served = self.invalid = 0
         self.row = np.zeros(3, dtype=np.int64)     # inserted, sampled, priorities since a row
-        self.logged = (0, 0)
         self.phases: dict[str, float] = {}
         self.log = RunLogger(cfg, comm, run_dir, role="replay")
+        self.log.watch(self.blocks, self.samples, waits=())
         self.schedule = Schedule(run_dir, comm.Get_rank(), cfg.replay_schedule)
 
     def run(self) -> None:
@@ -346,22 +324,17 @@ class ReplayRank:
         self.served += 1
 
     def _record(self, timer) -> None:
-        sent, received = self._bytes()
         add_phases(self.phases, self.log.record(
-            self.served, timer, bytes_sent=sent - self.logged[0],
-            bytes_recv=received - self.logged[1], inserted=int(self.row[0]),
+            self.served, timer, inserted=int(self.row[0]),
             sampled=int(self.row[1]), prio_updates=int(self.row[2]),
             replay_size=len(self.replay)))
-        self.logged = (sent, received)
         self.row[:] = 0
 
-    def _bytes(self) -> tuple[int, int]:
-        return traffic(self.blocks.stats, self.samples.stats)
-
-    def counts(self) -> list[int]:
+    def counts(self) -> dict:
+        """Its ledger's counts (:data:`mpirl.kit.ledger.TRANSITIONS`)."""
         r = self.replay
-        return [0, r.inserted, len(r), r.evicted, r.sampled, 0, 0, r.updated, r.stale_updates,
-                self.invalid]
+        return {"transitions_inserted": r.inserted, "replay_stored": len(r),
+                "replay_evicted": r.evicted, "transitions_sampled": r.sampled,
+                "priority_updates": r.updated, "priority_stale": r.stale_updates,
+                "invalid_samples": self.invalid}
 
-    def bytes_sent(self) -> int:
-        return self._bytes()[0]

@@ -17,6 +17,7 @@ from mpi4py import MPI
 from topologies.shardedps import ShardedParameterServer
 
 from ..config import Config
+from ..errors import AccountingError
 from ..parts.server import AsyncPolicy, ShardOptimizer
 from ..parts.transitions import TransitionLayout
 from ..resilience.guard import Guard
@@ -24,9 +25,10 @@ from ..resilience.schedule import Schedule
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
+from . import ledger
 from .common import Summary, check_same_model, final_mean_return
-from .pushpull import _PUSHES, _STEPS, META, AccountingError, ServerBook
-from .replayservice import COUNTS, ReplayRank, check_counts
+from .pushpull import _PUSHES, _STEPS, META, ServerBook
+from .replayservice import ReplayRank
 
 #: a worker's push meta: the parameter server's, plus "this push only leaves the shard"
 GORILA_META = (*META, "leave")
@@ -57,9 +59,10 @@ def run_sharded(cfg: Config, comm: MPI.Comm, run_dir: Path, *, build, make_worke
         part.serve()
     else:
         part.work()
-    _settle(summary, comm, sps, part, learner, first_worker)
-    if transitions:
-        _settle_replay(summary, comm, part)
+    _rank0_figures(summary, comm, sps, part, learner, first_worker)
+    invariants = ledger.GRADIENTS + (ledger.TRANSITIONS if transitions else ())
+    ledger.record(summary, ledger.settle(comm, part.counts(), invariants,
+                                         extra=("updates_skipped", "transitions_sampled")))
     summary.final_mean_return = final_mean_return(
         comm, part.episodes if rank >= first_worker else None)
     part.log.close(summary.totals())
@@ -115,11 +118,9 @@ def _make_part(cfg: Config, comms: ShardComms, learner, actor, layout, make_work
     return make_worker(cfg, comms, sps, learner, actor, layout, run_dir), sps
 
 
-def _settle(summary: Summary, comm: MPI.Comm, sps: ShardedParameterServer | None, part,
-            learner, first_worker: int) -> None:
-    """Totals over every rank, checked; rank 0 holds shard 0's books."""
-    is_worker = comm.Get_rank() >= first_worker
-    pushes = comm.allreduce(part.pushes if is_worker else 0)
+def _rank0_figures(summary: Summary, comm: MPI.Comm, sps: ShardedParameterServer | None,
+                   part, learner, first_worker: int) -> None:
+    """Rank 0's figures: shard 0's books, the digest of every shard."""
     summary.phase_s = comm.bcast(part.phases if comm.Get_rank() == first_worker else None,
                                  root=first_worker)
     is_server = sps is not None and sps.is_server
@@ -128,23 +129,8 @@ def _settle(summary: Summary, comm: MPI.Comm, sps: ShardedParameterServer | None
     if comm.Get_rank() != 0:
         return
     part.fill(summary)
-    summary.gradients_sent = pushes
     summary.param_digest = hashlib.sha256(
         np.concatenate(shards[:sps.servers]).tobytes()).hexdigest()
-    if pushes != summary.gradients_applied + summary.gradients_dropped:
-        raise AccountingError(f"workers sent {pushes} gradients but shard 0 applied "
-                              f"{summary.gradients_applied} and dropped "
-                              f"{summary.gradients_dropped}")
-
-
-def _settle_replay(summary: Summary, comm: MPI.Comm, part) -> None:
-    """gorila: the replay memories' accounting, summed over ranks and checked."""
-    mine = part.counts() if hasattr(part, "counts") else [0] * len(COUNTS)
-    counts = comm.allreduce(np.asarray(mine, dtype=np.int64), op=MPI.SUM)
-    check_counts(*counts)
-    summary.transitions_sent, summary.transitions_inserted = int(counts[0]), int(counts[1])
-    summary.replay_evicted, summary.transitions_sampled = int(counts[3]), int(counts[4])
-    summary.priority_updates, summary.priority_stale = int(counts[7]), int(counts[8])
 
 
 class ShardServer:
@@ -178,10 +164,9 @@ class ShardServer:
             policy.sent(worker)
         timer = PhaseTimer()
         with Guard(cfg, self.comm, self.sps.rank) as guard:
+            self.log.watch(ps)
             self.log.begin()
             while self.active:
-                stats = ps.stats
-                sent, received, waited = stats.bytes_sent, stats.bytes_recv, stats.wait_s
                 version = policy.version
                 scheduled = self.schedule.next()       # a replay: this worker's push next
                 with timer("exchange_s"):
@@ -192,15 +177,14 @@ class ShardServer:
                     self.schedule.take(worker, LEFT)
                     self.leaves += 1
                     self._stop(worker)
+                    self.log.unlogged()         # a leaving push is no update of this shard
                     continue
                 computed_on, applied = policy.sent_version[worker], policy.applied
                 self.schedule.take(worker, computed_on)
                 with timer("optimizer_s"):
                     self._handle(worker, buf, meta, guard.stop_requested)
                 add_phases(self.phases, self.log.record(
-                    policy.version, timer, bytes_sent=stats.bytes_sent - sent,
-                    bytes_recv=stats.bytes_recv - received, wait_s=stats.wait_s - waited,
-                    env_steps=int(meta[_STEPS]), param_version=computed_on,
+                    policy.version, timer, env_steps=int(meta[_STEPS]), param_version=computed_on,
                     staleness=version - computed_on, dropped=int(policy.applied == applied)))
                 guard.beat(policy.version, "waiting for pushes")
         ps.close(timeout_s=cfg.wait_timeout_s)
@@ -244,6 +228,12 @@ class ShardServer:
         # a DQN design is judged on its greediest worker alone (the others explore)
         judges = 1 if self.cfg.design.learner == "dqn" else len(self.ps.workers)
         self.book.report(self.progress, self.policy, self.cfg.target_return, judges)
+
+    def counts(self) -> dict:
+        """Shard 0 keeps the gradients' books (every shard applies each push)."""
+        if not self.decides:
+            return {}
+        return {"gradients_applied": self.policy.applied, "gradients_dropped": self.policy.dropped}
 
     def fill(self, summary: Summary) -> None:
         self.book.fill(summary, self.policy, self.progress)

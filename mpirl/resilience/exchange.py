@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import topologies
+from topologies.base import CommStats, SummedStats
 
 from .ulfm import Backup, FailureEvent, Team
 
@@ -41,8 +42,8 @@ class Exchange:
         self.announce: Callable[[str], None] = announce or (lambda what: None)
         #: told of each failure survived, with the update whose exchange saw it
         self.failed: Callable[[int, FailureEvent], None] = failed or (lambda update, event: None)
-        self._marks = (0, 0)
         self.update = 0               # the update of the last (or current) average
+        self._earlier = CommStats()   # what the topologies before a rebuild moved
 
     @property
     def size(self) -> int:
@@ -94,13 +95,14 @@ class Exchange:
             self.failed(self.update, event)
         return result
 
-    def take_bytes(self) -> tuple[int, int]:
-        """Bytes this rank's topology sent and received since the last call."""
-        stats = self.topology.stats
-        sent, received = stats.bytes_sent - self._marks[0], stats.bytes_recv - self._marks[1]
-        self._marks = (stats.bytes_sent, stats.bytes_recv)
-        return sent, received
+    @property
+    def stats(self) -> SummedStats:
+        """What this rank's exchanges moved, over every topology it used (a topology
+        rebuilt after a failure starts its own counters at zero)."""
+        return SummedStats([self._earlier, self.topology.stats])
 
     def _rebuild(self, comm: MPI.Comm) -> None:
+        for name in CommStats.__slots__:
+            setattr(self._earlier, name, getattr(self._earlier, name)
+                    + getattr(self.topology.stats, name))
         self.topology = topologies.get(self.name)(comm)
-        self._marks = (0, 0)

@@ -43,22 +43,22 @@ class RunLogger:
         self.update_start = self.log.now()
         self._sources: tuple = ()
         self._waits: tuple = ()
-        self._marks: dict[int, tuple] = {}
+        self._marks: list[tuple] = []
 
     def watch(self, *sources, waits=None, from_zero: bool = False) -> None:
         """Count traffic in every later row, from now: the bytes ``sources`` sent and
         received fill ``bytes_sent`` and ``bytes_recv``, and the seconds ``waits``
         (default: every source) spent blocked on a peer fill ``wait_s`` (``waits=()``:
         the role measures no waits, ``wait_s`` stays unset).  A source is anything with
-        a ``stats`` (:class:`topologies.base.CommStats`), read at each row: a topology
-        rebuilt after a failure counts from its fresh counters' zero.  ``from_zero``:
-        the first row also holds what the sources moved before this call (a sync
-        rank's first broadcast, made before its log)."""
+        a ``stats`` (:class:`topologies.base.CommStats`, or counters read live like
+        one), read at each row.  ``from_zero``: the first row also holds what the
+        sources moved before this call (a sync rank's first broadcast, made before its
+        log)."""
         self._sources = sources
         self._waits = sources if waits is None else tuple(waits)
         self._mark()
         if from_zero:
-            self._marks = {key: (stats, 0, 0, 0.0) for key, (stats, *_) in self._marks.items()}
+            self._marks = [(0, 0, 0.0)] * len(sources)
 
     def unlogged(self) -> None:
         """The traffic since the last row belongs to no row (a message that ends a
@@ -70,9 +70,8 @@ class RunLogger:
         return sum(source.stats.bytes_sent for source in self._sources)
 
     def _mark(self) -> None:
-        self._marks = {id(source): (source.stats, source.stats.bytes_sent,
-                                    source.stats.bytes_recv, source.stats.wait_s)
-                       for source in self._sources}
+        self._marks = [(s.stats.bytes_sent, s.stats.bytes_recv, s.stats.wait_s)
+                       for s in self._sources]
 
     def _traffic(self) -> dict:
         """The row's traffic since the last mark."""
@@ -80,11 +79,8 @@ class RunLogger:
             return {}
         moved = {"bytes_sent": 0, "bytes_recv": 0}
         waited = 0.0
-        for source in self._sources:
+        for source, (sent, received, wait) in zip(self._sources, self._marks, strict=True):
             stats = source.stats
-            then, sent, received, wait = self._marks[id(source)]
-            if stats is not then:            # rebuilt: its counters started again at 0
-                sent = received = wait = 0
             moved["bytes_sent"] += stats.bytes_sent - sent
             moved["bytes_recv"] += stats.bytes_recv - received
             if any(source is w for w in self._waits):
