@@ -47,6 +47,14 @@ CASES: dict[str, tuple[int, list[str], bool]] = {
     "gorila-service-5r": (5, ["--mode", "gorila", "--servers", "2", "--gorila-replay",
                               "service", "--learning-starts", "500", "--replay-batch", "64",
                               "--total-steps", "4000"], True),
+    # the stop rule with a target reached early (the deciding rank's book)
+    **{f"{mode}-target-{n}r": (n, ["--mode", mode, *flags, "--target-return", "22",
+                                   "--log-every", "5", "--total-steps", "60000"], True)
+       for mode, n, flags in (("async", 3, ["--topology", "star"]), ("impala", 3, []),
+                              ("seed", 3, []), ("ga3c", 4, []),
+                              ("gorila", 4, ["--servers", "2", "--learning-starts", "500",
+                                             "--replay-batch", "64"]),
+                              ("apex", 4, ["--learning-starts", "500", "--replay-batch", "64"]))},
 }
 
 

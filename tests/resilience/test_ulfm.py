@@ -153,4 +153,4 @@ def test_shrink_is_refused_where_it_cannot_work(ulfm, tmp_path):
     async_ = run_mpi(2, ["-m", "mpirl.run", "--on-failure", "shrink", "--mode", "async",
                          "--topology", "star", "--run-dir", str(tmp_path)], timeout_s=60,
                      check=False)
-    assert async_.returncode == 2 and "holds the only copy of the parameters" in async_.output
+    assert async_.returncode == 2 and "its server holds the only copy of its state" in async_.output
