@@ -54,9 +54,9 @@ from topologies.paramserver import DeadlineExceeded
 from ..config import Config
 from ..kit import ledger
 from ..kit.actorlearner import (TAG_PARAMS, TAG_STOP, AccountingError, actor_counts, lag_stats,
-                                meta_nbytes, params_reply, report, settle)
-from ..kit.common import (Episodes, Summary, build_dqn, check_same_model, final_mean_return,
-                          reached_target)
+                                meta_nbytes, params_reply, settle)
+from ..kit.book import Book
+from ..kit.common import Episodes, Summary, build_dqn, check_same_model, final_mean_return
 from ..kit.replayservice import BlockSender, ReplayRank, SampleClient
 from ..parts.actor import Actor
 from ..parts.learner.dqn import DqnLearner, EpsilonGreedy, apex_epsilon, nstep_transitions
@@ -216,10 +216,10 @@ class ApexLearner:
         # large one travels when the actor receives it, long after it was sent)
         self.replies = {a: params_reply(learner.params.size) for a in actors}
         self.taken = {a: 0 for a in actors}
-        self.version = self.env_steps = 0
-        self.window = [0.0, 0.0]
-        self.recent: dict[int, float] = {}
-        self.stopping = self.solved = self.signalled = False
+        self.version = 0
+        # judged on the greediest actor (epsilon ~ 0): the others explore by design
+        self.book = Book(cfg, judges=1)
+        self.stopping = self.signalled = False
         self.lags: list[int] = []
         self.phases: dict[str, float] = {}
         self.progress = Progress(run_dir, enabled=True)
@@ -314,8 +314,7 @@ class ApexLearner:
             sampled=cfg.replay_batch, prio_updates=cfg.replay_batch,
             value_loss=parts["value_loss"]))
         if self.version % cfg.log_every == 0:
-            self.window = report(self.progress, self.version, self.env_steps, self.window,
-                                 self.lags)
+            self.book.report(self.progress, self.version, self.lags)
         self._check_stop()
 
     def _ask(self, shard: int) -> None:
@@ -340,11 +339,9 @@ class ApexLearner:
             raise AccountingError(f"actor {actor} says this is its request "
                                   f"{int(meta[Q['index']])}, but it is the "
                                   f"{self.taken[actor]}th the learner took")
-        self.env_steps += int(meta[Q["env_steps"]])
-        self.window[0] += meta[Q["episodes"]]
-        self.window[1] += meta[Q["return_sum"]]
+        self.book.add(int(meta[Q["env_steps"]]), meta[Q["episodes"]], meta[Q["return_sum"]])
         if not np.isnan(meta[Q["recent_mean"]]):
-            self.recent[actor] = float(meta[Q["recent_mean"]])
+            self.book.recent[actor] = float(meta[Q["recent_mean"]])
         self.signalled = self.signalled or bool(meta[Q["stop"]])
         self._check_stop()
         self._publish(actor, timer)
@@ -361,11 +358,8 @@ class ApexLearner:
                 self.params.reply(actor, reply, tag=TAG_PARAMS)
 
     def _check_stop(self) -> None:
-        cfg = self.cfg
-        # judged on the greediest actor (epsilon ~ 0): the others explore by design
-        self.solved = self.solved or reached_target(cfg.target_return, list(self.recent.values()),
-                                                    1)
-        self.stopping = self.env_steps >= cfg.total_steps or self.solved or self.signalled
+        self.book.judge()
+        self.stopping = self.book.ends(self.signalled)
 
     def _drain(self, timer) -> None:
         """STOP every actor at its next request; then end every replay's channel."""
@@ -386,5 +380,5 @@ class ApexLearner:
         summary.updates = self.version
         summary.wall_s = self.progress.elapsed()
         summary.phase_s = dict(self.phases)
-        summary.reached_target = self.solved
+        summary.reached_target = self.book.solved
         summary.param_digest = self.learner.param_digest()

@@ -35,9 +35,9 @@ from topologies.channels import ChannelClient, ChannelServer, as_bytes
 from ..config import Config
 from ..kit.actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, UnrollQueue,
                                 VtraceTrainer, actor_counts, lag_stats, meta_nbytes,
-                                params_reply, report, settle)
-from ..kit.common import (Episodes, Summary, build_replica, check_same_model, final_mean_return,
-                          reached_target)
+                                params_reply, settle)
+from ..kit.book import Book
+from ..kit.common import Episodes, Summary, build_replica, check_same_model, final_mean_return
 from ..parts.actor import ModelPolicy
 from ..parts.unroll import META, M, UnrollLayout
 from ..resilience.guard import Guard
@@ -172,9 +172,9 @@ class ImpalaLearner:
         self.taken = {a: 0 for a in actors}
         self.recent: dict[int, float] = {}
         self.owed = np.zeros(4)          # env steps, episodes, return sum, stop flag
-        self.env_steps = 0               # over every learner's actors
-        self.window = [0.0, 0.0]
-        self.stopping = self.solved = False
+        # over every learner's actors, judged by all of them
+        self.book = Book(cfg, judges=comm.Get_size() - cfg.learners)
+        self.stopping = False
         self.phases: dict[str, float] = {}
         self.progress = Progress(run_dir, enabled=comm.Get_rank() == 0)
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
@@ -275,24 +275,21 @@ class ImpalaLearner:
         self.sub.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
         steps, episodes, returns, stops, signals, recent_sum, recent_count = shared
         self.owed[:] = 0.0
-        self.env_steps += int(steps)
-        self.window[0] += episodes
-        self.window[1] += returns
+        self.book.add(int(steps), episodes, returns)
         if self.version % self.cfg.log_every == 0:
             self._report()
-        means = [recent_sum / recent_count] * int(recent_count) if recent_count else []
-        self.solved = self.solved or reached_target(
-            self.cfg.target_return, means, self.comm.Get_size() - self.cfg.learners)
-        self.stopping = (self.env_steps >= self.cfg.total_steps or self.solved
-                         or stops > 0 or signals > 0)
+        # each actor's recent mean is known to its learner: judged on their mean
+        self.book.recent = dict.fromkeys(range(int(recent_count)),
+                                         recent_sum / recent_count if recent_count else 0.0)
+        self.book.judge()
+        self.stopping = self.book.ends(stops > 0 or signals > 0)
 
     def _report(self) -> None:
-        self.window = report(self.progress, self.version, self.env_steps, self.window,
-                             self.queue.lags)
+        self.book.report(self.progress, self.version, self.queue.lags)
 
     def _drain(self, timer) -> None:
         """Take every actor's last unroll, answer it with STOP; what is queued is dropped."""
-        server, before = self.server, self.env_steps
+        server, before = self.server, self.book.env_steps
         while server.pending():
             with timer("data_wait_s"):
                 actor = server.wait_any(timeout_s=self.cfg.wait_timeout_s, only=server.pending())
@@ -300,7 +297,7 @@ class ImpalaLearner:
             self.queue.received += 1
             self.queue.dropped += 1
             steps = self.layout.view(server.buffers[actor])[0]["meta"][M["env_steps"]]
-            self.env_steps += int(steps)     # stepped, though never learned from
+            self.book.env_steps += int(steps)   # stepped, though never learned from
             server.reply(actor, as_bytes(self.replies[actor])[:meta_nbytes()], tag=TAG_STOP,
                          last=True)
         self.queue.drop_rest()
@@ -308,16 +305,16 @@ class ImpalaLearner:
         self.schedule.save()
         # the last unrolls were stepped, though never learned from: count them, over
         # every learner's actors
-        drained = np.asarray([self.env_steps - before], dtype=np.int64)
+        drained = np.asarray([self.book.env_steps - before], dtype=np.int64)
         self.sub.Allreduce(MPI.IN_PLACE, drained, op=MPI.SUM)
-        self.env_steps = before + int(drained[0])
+        self.book.env_steps = before + int(drained[0])
 
     def fill(self, summary: Summary) -> None:
         summary.updates = self.version
-        summary.env_steps = self.env_steps
+        summary.env_steps = self.book.env_steps
         summary.wall_s = self.progress.elapsed()
         summary.phase_s = dict(self.phases)
-        summary.reached_target = self.solved
+        summary.reached_target = self.book.solved
         summary.param_digest = self.learner.param_digest()
         digests = self.sub.allgather(summary.param_digest)
         if len(set(digests)) > 1:

@@ -160,7 +160,7 @@ class Server:
                  policy: AsyncPolicy, run_dir: Path, generation: int | None) -> None:
         self.cfg, self.ps, self.learner, self.policy = cfg, ps, learner, policy
         self.run_dir = run_dir
-        self.book = ServerBook(ps.workers, ps.size)
+        self.book = ServerBook(cfg, ps.workers, ps.size, judges=len(ps.workers))
         self.snaps = Snapshots(run_dir, cfg.checkpoint_every)
         self.progress = Progress(run_dir, enabled=True, resume=generation is not None)
         self.active = set(ps.workers)
@@ -264,7 +264,7 @@ class Server:
         A regular snapshot still open is dropped (its files are an incomplete generation)."""
         if self.snaps.open is not None and self.snaps.open.stop:
             return False
-        self.stopping = self.book.env_steps >= self.cfg.total_steps or self.book.solved
+        self.stopping = self.book.ends()
         if self.stopping:
             self.snaps.abandon()
         return self.stopping
@@ -279,8 +279,7 @@ class Server:
         self.stopped = self.snaps.close(save, self.active, self.stopping)
 
     def _report(self) -> None:
-        self.book.report(self.progress, self.policy, self.cfg.target_return,
-                         len(self.ps.workers))
+        self.book.report_line(self.progress, self.policy)
 
     def counts(self) -> dict:
         """Its ledger's counts (:mod:`mpirl.kit.ledger`)."""

@@ -10,5 +10,7 @@ design.
 * :mod:`.shards`: the sharded parameter server's run (gorila, ``async --servers S``);
 * :mod:`.actorlearner`: the reply records, the learner's unroll queue and V-trace step,
   the actor-learner designs' accounting (impala, seed, ga3c, apex);
-* :mod:`.replayservice`: prioritized replay served over MPI (apex, gorila's service).
+* :mod:`.replayservice`: prioritized replay served over MPI (apex, gorila's service);
+* :mod:`.book`: the deciding rank's book of the run and the one stop rule;
+* :mod:`.ledger`: the end-of-run counts, summed over ranks and checked.
 """

@@ -35,9 +35,9 @@ from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from .actorlearner import (TAG_ACTIONS, TAG_STOP, AccountingError, actor_counts, lag_stats,
-                          report, settle)
-from .common import (Episodes, Summary, build_replica, check_same_model, final_mean_return,
-                     reached_target)
+                          settle)
+from .book import Book
+from .common import Episodes, Summary, build_replica, check_same_model, final_mean_return
 
 REQUEST_META = ("index", "stop")
 
@@ -261,10 +261,10 @@ class InferenceServer:
         self.version = 0                  # of the parameters inference acts with
         self.made = self.answered = self.stopped = self.rows = 0
         self.passes = Passes()
-        self.env_steps, self.window = 0, [0.0, 0.0]
         self.next_report = cfg.log_every
-        self.recent = {a: Episodes() for a in actors}
-        self.stopping = self.solved = False
+        self.episodes_of = {a: Episodes() for a in actors}
+        self.book = Book(cfg, judges=len(actors))
+        self.stopping = False
         self.phases: dict[str, float] = {}
         self.progress = Progress(run_dir, enabled=True)
         self.log = RunLogger(cfg, comm, run_dir, role=self.role)
@@ -329,13 +329,12 @@ class InferenceServer:
         self.answered += len(clients)
         # every action answered is stepped by its actor (the last ones' rewards never
         # come back: the next request is answered with STOP), so count steps here
-        self.env_steps += len(clients) * self.assembler.env_steps_per_step
+        self.book.env_steps += len(clients) * self.assembler.env_steps_per_step
         self.passes.add(len(clients) * n)
         for client in clients:
             finished = self.assembler.drain_episodes(client)
-            self.recent[client].add(finished)
-            self.window[0] += len(finished)
-            self.window[1] += sum(r for r, _ in finished)
+            self.episodes_of[client].add(finished)
+            self.book.add(0, len(finished), sum(r for r, _ in finished))
         return signalled
 
     # -- what the subclass does with unrolls -----------------------------------------------
@@ -373,15 +372,15 @@ class InferenceServer:
         if self.version >= self.next_report:
             self._report()
             self.next_report = self.version + cfg.log_every
-        if cfg.target_return and not self.solved:     # (every batch: only when asked)
-            means = [e.recent_mean() for e in self.recent.values()]
-            self.solved = reached_target(cfg.target_return,
-                                         [m for m in means if m is not None], len(self.actors))
-        self.stopping = self.env_steps >= cfg.total_steps or self.solved or signalled
+        book = self.book
+        if book.target and not book.solved:     # (every batch: only when asked)
+            means = {a: e.recent_mean() for a, e in self.episodes_of.items()}
+            book.recent = {a: m for a, m in means.items() if m is not None}
+            book.judge()
+        self.stopping = book.ends(signalled)
 
     def _report(self) -> None:
-        self.window = report(self.progress, self.version, self.env_steps, self.window,
-                             self.lags())
+        self.book.report(self.progress, self.version, self.lags())
 
     def _drain(self, timer) -> None:
         """Answer every actor's next request with STOP; ga3c: end the trainer's stream."""
@@ -397,9 +396,9 @@ class InferenceServer:
         self.end_stream(timer)
 
     def fill(self, summary: Summary) -> None:
-        summary.env_steps = self.env_steps
+        summary.env_steps = self.book.env_steps
         summary.wall_s = self.progress.elapsed()
-        summary.reached_target = self.solved
+        summary.reached_target = self.book.solved
         summary.phase_s = dict(self.phases)
         summary.mean_inference_batch = self.passes.mean()
 

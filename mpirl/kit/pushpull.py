@@ -28,7 +28,8 @@ from ..resilience.guard import Guard
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .common import Episodes, Summary, reached_target
+from .book import Book
+from .common import Episodes, Summary
 
 #: the numbers a worker sends with every push (float64).
 META = ("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
@@ -147,19 +148,17 @@ class Worker:
         self.replay.load_state(state["replay"], decode=lambda saved: Batch(**saved))
 
 
-class ServerBook:
-    """What the server knows of its workers: pushes taken from each, env steps, episode
-    statistics and their time shares, from the numbers that come with each push."""
+class ServerBook(Book):
+    """What the server knows of its workers (the run's :class:`~mpirl.kit.book.Book`,
+    judged by ``judges`` workers): pushes taken from each, their time shares, from the
+    numbers that come with each push."""
 
-    def __init__(self, workers: list[int], world_size: int) -> None:
+    def __init__(self, cfg, workers: list[int], world_size: int, judges: int) -> None:
+        super().__init__(cfg, judges)
         self.world_size = world_size
         self.received = {w: 0 for w in workers}       # pushes taken, per worker
         self.rows = 0                                 # rows in the server's log
-        self.env_steps = 0
-        self.window = [0.0, 0.0]                 # episodes, return sum since last report
         self.worker_time: dict[int, tuple[float, float]] = {}   # exchange_s, busy_s
-        self.recent_means: dict[int, float] = {}
-        self.solved = False
 
     def account(self, worker: int, meta: np.ndarray) -> bool:
         """Take in a push's numbers; True when its worker asks the run to stop."""
@@ -167,26 +166,17 @@ class ServerBook:
         if int(meta[_PUSHES]) != self.received[worker]:
             raise AccountingError(f"worker {worker} says this is its push {int(meta[_PUSHES])}"
                                   f", but it is the {self.received[worker]}th the server took")
-        self.env_steps += int(meta[_STEPS])
-        self.window[0] += float(meta[_EPISODES])
-        self.window[1] += float(meta[_RETURNS])
+        self.add(int(meta[_STEPS]), float(meta[_EPISODES]), float(meta[_RETURNS]))
         self.worker_time[worker] = (float(meta[_EXCHANGE]), float(meta[_BUSY]))
         if not np.isnan(meta[_RECENT]):
-            self.recent_means[worker] = float(meta[_RECENT])
+            self.recent[worker] = float(meta[_RECENT])
         return bool(meta[_STOP])
 
-    def report(self, progress: Progress, policy: AsyncPolicy, target_return: float,
-               judges: int) -> None:
-        """Check ``target_return`` (over ``judges`` workers' windows), write one progress
-        line, start a fresh window."""
-        self.solved = self.solved or reached_target(
-            target_return, list(self.recent_means.values()), judges)
-        recent = policy.staleness[-100:]
-        progress.report(update=policy.version, env_steps=self.env_steps,
-                        episodes=self.window[0], return_sum=self.window[1],
-                        comm_share=self.comm_share(),
-                        mean_staleness=float(np.mean(recent)) if recent else 0.0)
-        self.window = [0.0, 0.0]
+    def report_line(self, progress: Progress, policy: AsyncPolicy) -> None:
+        """Judge the target (at each progress line: a server's judgement), then write the
+        line with the staleness and the workers' exchange share."""
+        self.judge()
+        self.report(progress, policy.version, policy.staleness, self.comm_share())
 
     def fill(self, summary: Summary, policy: AsyncPolicy, progress: Progress) -> None:
         """The run's server-side figures (a sharded run: shard 0's)."""
@@ -210,11 +200,11 @@ class ServerBook:
                 "window": [float(x) for x in self.window],
                 "worker_time": {w: [float(e), float(b)]
                                 for w, (e, b) in self.worker_time.items()},
-                "recent_means": dict(self.recent_means), "solved": self.solved}
+                "recent_means": dict(self.recent), "solved": self.solved}
 
     def load_state(self, state: dict) -> None:
         self.env_steps, self.received = state["env_steps"], dict(state["received"])
         self.rows, self.window = state["rows"], list(state["window"])
         self.worker_time = {w: tuple(t) for w, t in state["worker_time"].items()}
-        self.recent_means = dict(state["recent_means"])
+        self.recent = dict(state["recent_means"])
         self.solved = state["solved"]

@@ -144,7 +144,9 @@ class ShardServer:
         self.opt = ShardOptimizer(self.params, cfg.lr)
         self.policy = AsyncPolicy()
         self.decides = sps.shard == 0
-        self.book = ServerBook(self.ps.workers, sps.size)
+        # a DQN design is judged on its greediest worker alone (the others explore)
+        judges = 1 if cfg.design.learner == "dqn" else len(self.ps.workers)
+        self.book = ServerBook(cfg, self.ps.workers, sps.size, judges)
         self.active = set(self.ps.workers)
         self.received = {w: 0 for w in self.ps.workers}
         self.leaves = 0
@@ -211,9 +213,7 @@ class ShardServer:
         if self.decides:
             if self.policy.version % self.cfg.log_every == 0:
                 self._report()
-            book = self.book
-            self.stopping = (book.env_steps >= self.cfg.total_steps or book.solved
-                             or asks_stop or signalled)
+            self.stopping = self.book.ends(asks_stop or signalled)
         if self.stopping:
             self._stop(worker)
         else:
@@ -225,9 +225,7 @@ class ShardServer:
         self.active.discard(worker)
 
     def _report(self) -> None:
-        # a DQN design is judged on its greediest worker alone (the others explore)
-        judges = 1 if self.cfg.design.learner == "dqn" else len(self.ps.workers)
-        self.book.report(self.progress, self.policy, self.cfg.target_return, judges)
+        self.book.report_line(self.progress, self.policy)
 
     def counts(self) -> dict:
         """Shard 0 keeps the gradients' books (every shard applies each push)."""
