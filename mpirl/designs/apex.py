@@ -53,23 +53,23 @@ from topologies.paramserver import DeadlineExceeded
 
 from ..config import Config
 from ..kit import ledger
-from ..kit.actorlearner import (TAG_PARAMS, TAG_STOP, AccountingError, actor_counts, lag_stats,
-                                meta_nbytes, params_reply, settle)
+from ..kit.actorlearner import (REPLY_META, TAG_PARAMS, TAG_STOP, AccountingError, actor_counts,
+                                lag_stats, meta_nbytes, params_reply, settle)
 from ..kit.book import Book
 from ..kit.common import Episodes, Summary, build_dqn, check_same_model, final_mean_return
 from ..kit.replayservice import BlockSender, ReplayRank, SampleClient
 from ..parts.actor import Actor
+from ..parts.records import Fields
 from ..parts.learner.dqn import DqnLearner, EpsilonGreedy, apex_epsilon, nstep_transitions
 from ..parts.replay import beta_at
-from ..parts.transitions import R, TransitionLayout, as_batch
+from ..parts.transitions import BATCH_META, TransitionLayout, as_batch
 from ..resilience.guard import Guard
 from ..resilience.schedule import Schedule, ScheduleDiverged
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 
-REQUEST_META = ("index", "env_steps", "episodes", "return_sum", "recent_mean", "stop")
-Q = {name: i for i, name in enumerate(REQUEST_META)}
+REQUEST_META = Fields("index", "env_steps", "episodes", "return_sum", "recent_mean", "stop")
 
 
 def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
@@ -192,7 +192,7 @@ class ApexActor:
         if tag != TAG_PARAMS:
             raise AccountingError(f"rank {self.comm.Get_rank()}: unexpected reply tag {tag}")
         self.learner.params[:] = self.reply[0]["params"]
-        self.version = int(self.reply[0]["meta"][0])
+        self.version = int(self.reply[0]["meta"][REPLY_META["version"]])
         return True
 
     def counts(self) -> dict:
@@ -294,7 +294,7 @@ class ApexLearner:
         self.schedule.take(shard, self.version)
         sampler = self.samplers[shard]
         reply = sampler.batch[0]
-        if int(reply["meta"][R["count"]]) == 0:
+        if int(reply["meta"][BATCH_META["count"]]) == 0:
             raise AccountingError(f"replay rank {shard} sent an empty batch while actors run")
         with timer("backward_s"):
             batch = as_batch(reply["trans"], reply["weight"])
@@ -335,21 +335,22 @@ class ApexLearner:
         if not self.stopping:      # once the end is decided, the order changes nothing
             self.schedule.take(actor, self.version)
         self.taken[actor] += 1
-        if int(meta[Q["index"]]) != self.taken[actor]:
+        if int(meta[REQUEST_META["index"]]) != self.taken[actor]:
             raise AccountingError(f"actor {actor} says this is its request "
-                                  f"{int(meta[Q['index']])}, but it is the "
+                                  f"{int(meta[REQUEST_META['index']])}, but it is the "
                                   f"{self.taken[actor]}th the learner took")
-        self.book.add(int(meta[Q["env_steps"]]), meta[Q["episodes"]], meta[Q["return_sum"]])
-        if not np.isnan(meta[Q["recent_mean"]]):
-            self.book.recent[actor] = float(meta[Q["recent_mean"]])
-        self.signalled = self.signalled or bool(meta[Q["stop"]])
+        q = REQUEST_META
+        self.book.add(int(meta[q["env_steps"]]), meta[q["episodes"]], meta[q["return_sum"]])
+        if not np.isnan(meta[REQUEST_META["recent_mean"]]):
+            self.book.recent[actor] = float(meta[REQUEST_META["recent_mean"]])
+        self.signalled = self.signalled or bool(meta[REQUEST_META["stop"]])
         self._check_stop()
         self._publish(actor, timer)
 
     def _publish(self, actor: int, timer) -> None:
         with timer("publish_s"):
             reply = self.replies[actor]
-            reply[0]["meta"][0] = self.version
+            reply[0]["meta"][REPLY_META["version"]] = self.version
             if self.stopping:
                 self.params.reply(actor, as_bytes(reply)[:meta_nbytes()], tag=TAG_STOP,
                                   last=True)

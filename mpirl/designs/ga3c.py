@@ -23,11 +23,11 @@ from mpi4py import MPI
 from topologies.channels import ChannelClient, ChannelServer, as_bytes
 
 from ..config import Config
-from ..kit.actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, UnrollQueue,
-                                VtraceTrainer, meta_nbytes, params_reply)
+from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError,
+                                UnrollQueue, VtraceTrainer, meta_nbytes, params_reply)
 from ..kit.common import Summary
 from ..kit.inference import InferenceServer, run_inference
-from ..parts.unroll import M, UnrollLayout
+from ..parts.unroll import UNROLL_META, UnrollLayout
 from ..resilience.guard import Guard
 from ..resilience.schedule import PARAMS
 from ..telemetry.runlog import RunLogger
@@ -84,7 +84,7 @@ class Predictor(InferenceServer):
     def _take_params(self, tag: int) -> None:
         if tag == TAG_PARAMS:
             self.learner.params[:] = self.params_in[0]["params"]
-            self.version = int(self.params_in[0]["meta"][0])
+            self.version = int(self.params_in[0]["meta"][REPLY_META["version"]])
         elif tag != TAG_KEEP:
             raise AccountingError(f"predictor: unexpected reply tag {tag} from the trainer")
 
@@ -97,7 +97,7 @@ class Predictor(InferenceServer):
         self.dropped += len(self.outbox)
         self.outbox.clear()
         end = self.layout.empty()
-        end[0]["meta"][M["stop"]] = 1.0              # not an unroll: the end of the stream
+        end[0]["meta"][UNROLL_META["stop"]] = 1.0     # not an unroll: the end of the stream
         link.send(end)
         tag, _ = link.wait_reply(self.params_in, timeout_s=self.cfg.wait_timeout_s)
         if tag != TAG_STOP:
@@ -137,7 +137,7 @@ class Trainer:
                 with timer("data_wait_s"):
                     server.wait_any(timeout_s=cfg.wait_timeout_s)
                 record = self.layout.view(server.buffers[self.predictor]).copy()
-                if record[0]["meta"][M["stop"]]:
+                if record[0]["meta"][UNROLL_META["stop"]]:
                     server.reply(self.predictor, as_bytes(self.reply)[:meta_nbytes()],
                                  tag=TAG_STOP, last=True)
                     break
@@ -160,7 +160,7 @@ class Trainer:
     def _publish(self, timer) -> None:
         version = self.trainer.version
         with timer("publish_s"):
-            self.reply[0]["meta"][0] = version
+            self.reply[0]["meta"][REPLY_META["version"]] = version
             if version != self.published:
                 self.reply[0]["params"] = self.learner.params
                 self.published = version

@@ -55,12 +55,12 @@ from topologies.shardedps import ShardedParameterServer
 
 from ..config import Config
 from ..kit.common import Episodes, Summary, build_dqn
-from ..kit.pushpull import _PUSHES, _STEPS, META, AccountingError
+from ..kit.pushpull import PUSH_META, AccountingError
 from ..kit.replayservice import BlockSender, SampleClient, replay_warmup
 from ..kit.shards import GORILA_META, ShardComms, run_sharded
 from ..parts.learner.dqn import EpsilonGreedy, apex_epsilon
 from ..parts.replay import PrioritizedReplay, beta_at
-from ..parts.transitions import R, TransitionLayout, as_batch, fill
+from ..parts.transitions import BATCH_META, TransitionLayout, as_batch, fill
 from ..resilience.guard import Guard
 from ..resilience.schedule import BATCH, Schedule
 from ..telemetry.runlog import RunLogger
@@ -170,7 +170,7 @@ class ServiceMemory:
         if not got:
             return None
         reply = sampler.batch[0]
-        if int(reply["meta"][R["count"]]) == 0:
+        if int(reply["meta"][BATCH_META["count"]]) == 0:
             raise AccountingError(f"replay rank {self.replay} sent an empty batch while "
                                   "this worker inserts")
         self.slots = (reply["idx"].copy(), reply["stamp"].copy())
@@ -278,14 +278,14 @@ class GorilaWorker:
     def _exchange(self, meta: np.ndarray, timer, stop: bool, losses: dict) -> bool:
         cfg, ps, learner = self.cfg, self.ps, self.learner
         meta[:] = 0.0
-        meta[_STEPS:_STEPS + 3] = self.owed
-        meta[_PUSHES] = self.pushes + 1
+        meta[PUSH_META["env_steps"]:PUSH_META["env_steps"] + 3] = self.owed
+        meta[PUSH_META["pushes"]] = self.pushes + 1
         recent = self.episodes.recent_mean()
-        meta[META.index("recent_mean")] = (np.nan if recent is None or not self.greediest
+        meta[PUSH_META["recent_mean"]] = (np.nan if recent is None or not self.greediest
                                            else recent)
-        meta[META.index("stop")] = stop
-        meta[META.index("busy_s")] = sum(self.phases.values()) + timer.total()
-        meta[META.index("exchange_s")] = self.phases.get("exchange_s", 0.0)
+        meta[PUSH_META["stop"]] = stop
+        meta[PUSH_META["busy_s"]] = sum(self.phases.values()) + timer.total()
+        meta[PUSH_META["exchange_s"]] = self.phases.get("exchange_s", 0.0)
         with timer("exchange_s"):
             ps.push(learner.grad, meta)
             self.pushes += 1

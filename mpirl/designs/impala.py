@@ -33,13 +33,13 @@ import topologies
 from topologies.channels import ChannelClient, ChannelServer, as_bytes
 
 from ..config import Config
-from ..kit.actorlearner import (TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError, UnrollQueue,
-                                VtraceTrainer, actor_counts, lag_stats, meta_nbytes,
+from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError,
+                                UnrollQueue, VtraceTrainer, actor_counts, lag_stats, meta_nbytes,
                                 params_reply, settle)
 from ..kit.book import Book
 from ..kit.common import Episodes, Summary, build_replica, check_same_model, final_mean_return
 from ..parts.actor import ModelPolicy
-from ..parts.unroll import META, M, UnrollLayout
+from ..parts.unroll import UNROLL_META, UnrollLayout
 from ..resilience.guard import Guard
 from ..resilience.schedule import STEP, Schedule, ScheduleDiverged
 from ..telemetry.progress import Progress
@@ -129,12 +129,13 @@ class ImpalaActor:
         meta = record[0]["meta"]
         recent = self.episodes.recent_mean()
         meta[:] = 0.0
-        meta[M["version"]], meta[M["index"]] = version, self.sent + 1
-        meta[M["env_steps"]] = self.cfg.steps_per_batch
-        meta[M["episodes"]], meta[M["return_sum"]] = len(finished), sum(r for r, _ in finished)
-        meta[M["recent_mean"]] = np.nan if recent is None else recent
-        meta[M["wants_params"]] = float(bool(finished))
-        meta[M["stop"]] = float(stop)
+        meta[UNROLL_META["version"]], meta[UNROLL_META["index"]] = version, self.sent + 1
+        meta[UNROLL_META["env_steps"]] = self.cfg.steps_per_batch
+        meta[UNROLL_META["episodes"]] = len(finished)
+        meta[UNROLL_META["return_sum"]] = sum(r for r, _ in finished)
+        meta[UNROLL_META["recent_mean"]] = np.nan if recent is None else recent
+        meta[UNROLL_META["wants_params"]] = float(bool(finished))
+        meta[UNROLL_META["stop"]] = float(stop)
 
     def _take_reply(self, timer) -> bool:
         """The learner's reply: fresh parameters (or not); False on STOP."""
@@ -144,7 +145,7 @@ class ImpalaActor:
             return False
         if tag == TAG_PARAMS:
             self.learner.params[:] = self.reply[0]["params"]
-            self.version = int(self.reply[0]["meta"][0])
+            self.version = int(self.reply[0]["meta"][REPLY_META["version"]])
         elif tag != TAG_KEEP:
             raise AccountingError(f"rank {self.comm.Get_rank()}: unexpected reply tag {tag}")
         return True
@@ -240,17 +241,18 @@ class ImpalaLearner:
         """An unroll arrived: check and keep it, answer its actor."""
         record = self.layout.view(self.server.buffers[actor]).copy()   # the slot re-arms
         meta = record[0]["meta"]
-        self.schedule.take(actor, int(meta[M["version"]]))
+        self.schedule.take(actor, int(meta[UNROLL_META["version"]]))
         self.taken[actor] += 1
-        if int(meta[M["index"]]) != self.taken[actor]:
-            raise AccountingError(f"actor {actor} says this is its unroll {int(meta[M['index']])}"
-                                  f", but it is the {self.taken[actor]}th this learner took")
-        self.owed += (meta[M["env_steps"]], meta[M["episodes"]], meta[M["return_sum"]],
-                      meta[M["stop"]])
-        if not np.isnan(meta[M["recent_mean"]]):
-            self.recent[actor] = float(meta[M["recent_mean"]])
+        if int(meta[UNROLL_META["index"]]) != self.taken[actor]:
+            raise AccountingError(f"actor {actor} says this is its unroll "
+                                  f"{int(meta[UNROLL_META['index']])}, but it is the "
+                                  f"{self.taken[actor]}th this learner took")
+        self.owed += [meta[UNROLL_META[name]]
+                      for name in ("env_steps", "episodes", "return_sum", "stop")]
+        if not np.isnan(meta[UNROLL_META["recent_mean"]]):
+            self.recent[actor] = float(meta[UNROLL_META["recent_mean"]])
         self.queue.add(record, self.version)
-        self._publish(actor, timer, wants=bool(meta[M["wants_params"]]))
+        self._publish(actor, timer, wants=bool(meta[UNROLL_META["wants_params"]]))
 
     def _publish(self, actor: int, timer, initial: bool = False, wants: bool = False) -> None:
         """Answer ``actor``: with the parameters when the refresh policy says so."""
@@ -259,7 +261,7 @@ class ImpalaLearner:
                             "updates": self.version - self.held[actor] >= cfg.refresh_every
                             }[cfg.param_refresh]
         with timer("publish_s"):
-            reply[0]["meta"][0] = self.version
+            reply[0]["meta"][REPLY_META["version"]] = self.version
             if fresh:
                 reply[0]["params"] = self.learner.params
                 self.held[actor] = self.version
@@ -296,7 +298,7 @@ class ImpalaLearner:
             self.taken[actor] += 1
             self.queue.received += 1
             self.queue.dropped += 1
-            steps = self.layout.view(server.buffers[actor])[0]["meta"][M["env_steps"]]
+            steps = self.layout.view(server.buffers[actor])[0]["meta"][UNROLL_META["env_steps"]]
             self.book.env_steps += int(steps)   # stepped, though never learned from
             server.reply(actor, as_bytes(self.replies[actor])[:meta_nbytes()], tag=TAG_STOP,
                          last=True)
@@ -325,4 +327,4 @@ class ImpalaLearner:
                 "bytes_sent": self.log.bytes_sent()}
 
 
-__all__ = ["META", "ImpalaActor", "ImpalaLearner", "run_impala"]
+__all__ = ["ImpalaActor", "ImpalaLearner", "run_impala"]

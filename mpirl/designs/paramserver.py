@@ -3,7 +3,7 @@
 Wiring: rank 0 holds the parameter-server part (a policy of :mod:`mpirl.parts.server`)
 and the learner's optimizer, and runs no environment; ranks 1..N-1 hold envs, an actor
 and a learner that only computes gradients.  What travels: each worker's gradient, one
-flat buffer, to the server, with a few numbers of metadata (:data:`META`), and fresh
+flat buffer, to the server, with a few numbers of metadata (:data:`PUSH_META`), and fresh
 parameters back, one flat buffer, through
 :class:`topologies.paramserver.ParameterServer`.  A worker loops: receive parameters ->
 roll out -> gradient -> push -> wait for the reply.  The server, push by push, lets its
@@ -71,7 +71,7 @@ from topologies.paramserver import TAG_PARAMS, TAG_SNAPSHOT, TAG_SNAPSHOT_STOP, 
 from ..config import Config
 from ..kit.common import Summary, build_replica, check_same_model, final_mean_return
 from ..kit import ledger
-from ..kit.pushpull import _STEPS, META, ServerBook, Worker, restore_generation
+from ..kit.pushpull import PUSH_META, ServerBook, Worker, restore_generation
 from ..kit.shards import run_sharded
 from ..parts.learner import Learner
 from ..parts.server import AsyncPolicy, QuorumPolicy
@@ -101,7 +101,7 @@ def run_quorum(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
 
 
 def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, make_policy) -> Summary:
-    ps = ParameterServer(comm, root=0, meta_len=len(META))
+    ps = ParameterServer(comm, root=0, meta_len=len(PUSH_META))
     learner, actor = build_replica(cfg, ps.rank, with_actor=not ps.is_server)
     check_same_model(comm, learner)
     generation = _resume_generation(comm, run_dir) if cfg.resume else None
@@ -203,7 +203,7 @@ class Server:
                 with timer("optimizer_s"):
                     self._handle(worker, buf)
                 # one row per gradient received: the version it was computed on, its staleness
-                log.record(policy.version, timer, env_steps=int(meta[_STEPS]),
+                log.record(policy.version, timer, env_steps=int(meta[PUSH_META["env_steps"]]),
                            param_version=computed_on,
                            staleness=version - computed_on, dropped=int(policy.applied == applied))
                 self.book.rows += 1

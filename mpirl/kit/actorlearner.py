@@ -23,7 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import AccountingError  # noqa: F401 (the designs raise it from here too)
-from ..parts.unroll import M, batch_unrolls
+from ..parts.records import Fields
+from ..parts.unroll import UNROLL_META, batch_unrolls
 from . import ledger
 from .common import Summary
 
@@ -32,7 +33,7 @@ TAG_KEEP = 63        # reply: meta only (keep the parameters you have)
 TAG_STOP = 64        # reply: meta only; the client's last message
 TAG_ACTIONS = 65     # seed/ga3c reply: meta + one action per env
 #: the numbers at the head of every reply (float64)
-REPLY_META = ("version",)
+REPLY_META = Fields("version")
 
 
 def params_reply(n_params: int) -> np.ndarray:
@@ -60,7 +61,8 @@ class UnrollQueue:
         return len(self.items)
 
     def _too_old(self, record: np.ndarray, version: int) -> bool:
-        return bool(self.max_lag) and version - int(record[0]["meta"][M["version"]]) > self.max_lag
+        made_by = int(record[0]["meta"][UNROLL_META["version"]])
+        return bool(self.max_lag) and version - made_by > self.max_lag
 
     def add(self, record: np.ndarray, version: int) -> None:
         self.received += 1
@@ -80,7 +82,7 @@ class UnrollQueue:
             return []
         out = [self.items.popleft() for _ in range(count)]
         self.used += len(out)
-        self.lags.extend(version - int(r[0]["meta"][M["version"]]) for r in out)
+        self.lags.extend(version - int(r[0]["meta"][UNROLL_META["version"]]) for r in out)
         return out
 
     def drop_rest(self) -> None:

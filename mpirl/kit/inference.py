@@ -28,18 +28,19 @@ from mpi4py import MPI
 from topologies.channels import ChannelClient, ChannelServer, as_bytes
 
 from ..config import Config
+from ..parts.records import Fields
 from ..parts.unroll import UnrollAssembler, UnrollLayout
 from ..resilience.guard import Guard
 from ..resilience.schedule import STEP, Schedule
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
-from .actorlearner import (TAG_ACTIONS, TAG_STOP, AccountingError, actor_counts, lag_stats,
-                          settle)
+from .actorlearner import (REPLY_META, TAG_ACTIONS, TAG_STOP, AccountingError, actor_counts,
+                           lag_stats, settle)
 from .book import Book
 from .common import Episodes, Summary, build_replica, check_same_model, final_mean_return
 
-REQUEST_META = ("index", "stop")
+REQUEST_META = Fields("index", "stop")
 
 
 def request_record(num_envs: int, obs_space: gymnasium.Space) -> np.ndarray:
@@ -81,7 +82,8 @@ class RemotePolicy:
     def act(self, obs: torch.Tensor):
         req = self.request[0]
         req["obs"] = obs.numpy()
-        req["meta"][0], req["meta"][1] = self.sent + 1, float(self.stop)
+        req["meta"][REQUEST_META["index"]] = self.sent + 1
+        req["meta"][REQUEST_META["stop"]] = float(self.stop)
         start = time.perf_counter()
         self.client.send(self.request)
         self.sent += 1
@@ -92,7 +94,7 @@ class RemotePolicy:
         if tag != TAG_ACTIONS:
             raise AccountingError(f"actor: unexpected reply tag {tag}")
         self.answered += 1
-        self.version = int(self.reply[0]["meta"][0])
+        self.version = int(self.reply[0]["meta"][REPLY_META["version"]])
         actions = torch.from_numpy(self.reply[0]["actions"].copy())
         zeros = torch.zeros(len(obs))
         return actions, zeros, zeros
@@ -316,15 +318,16 @@ class InferenceServer:
         with timer("reply_s"):
             for i, (client, req) in enumerate(zip(clients, requests, strict=True)):
                 rows = slice(i * n, (i + 1) * n)
-                first = int(req["meta"][0]) == 1
-                signalled |= bool(req["meta"][1])
+                first = int(req["meta"][REQUEST_META["index"]]) == 1
+                signalled |= bool(req["meta"][REQUEST_META["stop"]])
                 done = self.assembler.step(client, req["obs"], req["reward"], req["done"],
                                            first, actions[rows], logp[rows], self.version)
                 if done is not None:
                     self.made += 1
                     self.made_unroll(done)
                 reply = self.replies[client]
-                reply[0]["meta"][0], reply[0]["actions"] = self.version, actions[rows]
+                reply[0]["meta"][REPLY_META["version"]] = self.version
+                reply[0]["actions"] = actions[rows]
                 self.server.reply(client, reply, tag=TAG_ACTIONS)
         self.answered += len(clients)
         # every action answered is stepped by its actor (the last ones' rewards never

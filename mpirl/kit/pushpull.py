@@ -1,7 +1,7 @@
 """A parameter server's workers and its book of them (async, quorum, and the sharded
 servers of gorila and ``async --servers S``).
 
-A :class:`Worker` loops: roll out -> gradient -> push it with :data:`META` -> pull the
+A :class:`Worker` loops: roll out -> gradient -> push it with :data:`PUSH_META` -> pull the
 reply's parameters; it writes its side of a snapshot when the reply says so (the
 protocol: :mod:`mpirl.designs.paramserver`).  A :class:`ServerBook` is what a server
 knows of its workers from the numbers each push carries: pushes taken from each, env
@@ -20,6 +20,7 @@ from ..config import Config
 from ..errors import AccountingError
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Batch, Learner
+from ..parts.records import Fields
 from ..parts.replay import FifoReplay
 from ..parts.server import AsyncPolicy
 from ..resilience import checkpoint
@@ -32,10 +33,9 @@ from .book import Book
 from .common import Episodes, Summary
 
 #: the numbers a worker sends with every push (float64).
-META = ("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
-        "recent_mean", "stop")   # recent_mean: NaN until the worker has finished 20
-                                 # episodes; stop: 1 once the worker got SIGTERM/SIGINT
-_STEPS, _EPISODES, _RETURNS, _PUSHES, _EXCHANGE, _BUSY, _RECENT, _STOP = range(len(META))
+PUSH_META = Fields("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
+                   "recent_mean", "stop")   # recent_mean: NaN until the worker has finished
+                                            # 20 episodes; stop: 1 once it got SIGTERM/SIGINT
 
 
 def restore_generation(saved: TrainingState, run_dir: Path, rank: int, generation: int,
@@ -100,7 +100,7 @@ class Worker:
                     alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
                 self.owed[:] = 0.0
                 add_phases(self.phases, log.record(
-                    self.pushes, timer, env_steps=int(meta[_STEPS]), **losses))
+                    self.pushes, timer, env_steps=int(meta[PUSH_META["env_steps"]]), **losses))
                 guard.beat(self.pushes, "between pushes")
                 if ps.snapshot:           # the server's cut: write this worker's side of it
                     self.stopped = not alive
@@ -121,14 +121,15 @@ class Worker:
         return rollout
 
     def _fill(self, meta: np.ndarray, stop: bool, busy_s: float) -> None:
-        """The numbers that travel with the next push (:data:`META`)."""
-        meta[_STEPS], meta[_EPISODES], meta[_RETURNS] = self.owed
-        meta[_PUSHES] = self.pushes + 1
-        meta[_EXCHANGE] = self.phases.get("exchange_s", 0.0)
-        meta[_BUSY] = sum(self.phases.values()) + busy_s
+        """The numbers that travel with the next push (:data:`PUSH_META`)."""
+        for name, value in zip(("env_steps", "episodes", "return_sum"), self.owed, strict=True):
+            meta[PUSH_META[name]] = value
+        meta[PUSH_META["pushes"]] = self.pushes + 1
+        meta[PUSH_META["exchange_s"]] = self.phases.get("exchange_s", 0.0)
+        meta[PUSH_META["busy_s"]] = sum(self.phases.values()) + busy_s
         recent = self.episodes.recent_mean()
-        meta[_RECENT] = np.nan if recent is None else recent
-        meta[_STOP] = stop
+        meta[PUSH_META["recent_mean"]] = np.nan if recent is None else recent
+        meta[PUSH_META["stop"]] = stop
 
     def counts(self) -> dict:
         """Its ledger's counts (:mod:`mpirl.kit.ledger`)."""
@@ -163,14 +164,17 @@ class ServerBook(Book):
     def account(self, worker: int, meta: np.ndarray) -> bool:
         """Take in a push's numbers; True when its worker asks the run to stop."""
         self.received[worker] += 1
-        if int(meta[_PUSHES]) != self.received[worker]:
-            raise AccountingError(f"worker {worker} says this is its push {int(meta[_PUSHES])}"
-                                  f", but it is the {self.received[worker]}th the server took")
-        self.add(int(meta[_STEPS]), float(meta[_EPISODES]), float(meta[_RETURNS]))
-        self.worker_time[worker] = (float(meta[_EXCHANGE]), float(meta[_BUSY]))
-        if not np.isnan(meta[_RECENT]):
-            self.recent[worker] = float(meta[_RECENT])
-        return bool(meta[_STOP])
+        if int(meta[PUSH_META["pushes"]]) != self.received[worker]:
+            raise AccountingError(f"worker {worker} says this is its push "
+                                  f"{int(meta[PUSH_META['pushes']])}, but it is the "
+                                  f"{self.received[worker]}th the server took")
+        m = PUSH_META
+        self.add(int(meta[m["env_steps"]]), float(meta[m["episodes"]]),
+                 float(meta[m["return_sum"]]))
+        self.worker_time[worker] = (float(meta[m["exchange_s"]]), float(meta[m["busy_s"]]))
+        if not np.isnan(meta[PUSH_META["recent_mean"]]):
+            self.recent[worker] = float(meta[PUSH_META["recent_mean"]])
+        return bool(meta[PUSH_META["stop"]])
 
     def report_line(self, progress: Progress, policy: AsyncPolicy) -> None:
         """Judge the target (at each progress line: a server's judgement), then write the

@@ -41,7 +41,7 @@ from topologies.paramserver import DeadlineExceeded
 
 from ..config import Config
 from ..parts.replay import PrioritizedReplay
-from ..parts.transitions import B, S, TransitionLayout, fill
+from ..parts.transitions import BLOCK_META, SAMPLE_META, TransitionLayout, fill
 from ..resilience.guard import Guard
 from ..resilience.schedule import ANSWER, REQUEST, Schedule, ScheduleDiverged
 from ..telemetry.runlog import RunLogger
@@ -92,8 +92,8 @@ class BlockSender:
     def _send(self, block: np.ndarray, count: int, version: int, last: bool) -> None:
         meta = block[0]["meta"]
         meta[:] = 0.0
-        meta[B["index"]], meta[B["count"]] = self.sent + 1, count
-        meta[B["last"]], meta[B["version"]] = float(last), version
+        meta[BLOCK_META["index"]], meta[BLOCK_META["count"]] = self.sent + 1, count
+        meta[BLOCK_META["last"]], meta[BLOCK_META["version"]] = float(last), version
         self.client.send(block)
         if not last:                       # the empty last block is no block of data
             self.sent += 1
@@ -266,16 +266,17 @@ class ReplayRank:
         block = self.blocks.buffers[actor].view(self.layout.block)
         meta = block[0]["meta"]
         self.taken[actor] += 1
-        if int(meta[B["index"]]) != self.taken[actor]:
-            raise AccountingError(f"actor {actor} says this is its block {int(meta[B['index']])}"
-                                  f", but it is the {self.taken[actor]}th this replay took")
-        count = int(meta[B["count"]])
-        self.schedule.take(actor, int(meta[B["version"]]))
+        if int(meta[BLOCK_META["index"]]) != self.taken[actor]:
+            raise AccountingError(f"actor {actor} says this is its block "
+                                  f"{int(meta[BLOCK_META['index']])}, but it is the "
+                                  f"{self.taken[actor]}th this replay took")
+        count = int(meta[BLOCK_META["count"]])
+        self.schedule.take(actor, int(meta[BLOCK_META["version"]]))
         if count:
             trans = block[0]["trans"][:count]
             self.replay.add(trans, trans["prio"])
             self.row[0] += count
-        last = bool(meta[B["last"]])
+        last = bool(meta[BLOCK_META["last"]])
         ack = self.acks[actor]
         ack[0] = len(self.replay)
         self.blocks.reply(actor, ack, tag=TAG_STOP if last else TAG_KEEP, last=last)
@@ -288,16 +289,16 @@ class ReplayRank:
         last one, answer STOP)."""
         req = self.samples.buffers[sampler].view(self.layout.request)[0]
         self.schedule.take(REQUEST, sampler)
-        updates = int(req["meta"][S["updates"]])
+        updates = int(req["meta"][SAMPLE_META["updates"]])
         if updates:
             stale = self.replay.update_priorities(req["idx"][:updates], req["stamp"][:updates],
                                                   req["prio"][:updates])
             self.row[2] += updates - stale
-        if req["meta"][S["last"]]:
+        if req["meta"][SAMPLE_META["last"]]:
             self.samples.reply(sampler, self.stop, tag=TAG_STOP, last=True)
             self.samplers.discard(sampler)
         else:
-            self.held[sampler] = float(req["meta"][S["beta"]])
+            self.held[sampler] = float(req["meta"][SAMPLE_META["beta"]])
 
     def _may_sample(self, sampler: int) -> bool:
         replay, cfg = self.replay, self.cfg

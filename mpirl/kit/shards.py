@@ -18,6 +18,7 @@ from topologies.shardedps import ShardedParameterServer
 
 from ..config import Config
 from ..errors import AccountingError
+from ..parts.records import Fields
 from ..parts.server import AsyncPolicy, ShardOptimizer
 from ..parts.transitions import TransitionLayout
 from ..resilience.guard import Guard
@@ -27,12 +28,11 @@ from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from . import ledger
 from .common import Summary, check_same_model, final_mean_return
-from .pushpull import _PUSHES, _STEPS, META, ServerBook
+from .pushpull import PUSH_META, ServerBook
 from .replayservice import ReplayRank
 
 #: a worker's push meta: the parameter server's, plus "this push only leaves the shard"
-GORILA_META = (*META, "leave")
-_LEAVE = len(META)
+GORILA_META = Fields(*PUSH_META, "leave")
 LEFT = -2            # a shard's schedule: the version of a leaving push
 
 
@@ -110,7 +110,7 @@ def _make_part(cfg: Config, comms: ShardComms, learner, actor, layout, make_work
         return ReplayRank(cfg, world, layout, mine, mine, run_dir,
                           samples_comm=comms.samples), None
     leave = np.zeros(len(GORILA_META))
-    leave[_LEAVE] = 1.0
+    leave[GORILA_META["leave"]] = 1.0
     sps = ShardedParameterServer(comms.ps, cfg.servers, learner.params.size,
                                  meta_len=len(GORILA_META), leave_meta=leave)
     if sps.is_server:
@@ -175,7 +175,7 @@ class ShardServer:
                     worker, buf, meta = ps.wait_push(
                         timeout_s=cfg.wait_timeout_s,
                         only=None if scheduled is None else (scheduled,))
-                if meta[_LEAVE]:
+                if meta[GORILA_META["leave"]]:
                     self.schedule.take(worker, LEFT)
                     self.leaves += 1
                     self._stop(worker)
@@ -186,7 +186,8 @@ class ShardServer:
                 with timer("optimizer_s"):
                     self._handle(worker, buf, meta, guard.stop_requested)
                 add_phases(self.phases, self.log.record(
-                    policy.version, timer, env_steps=int(meta[_STEPS]), param_version=computed_on,
+                    policy.version, timer, env_steps=int(meta[PUSH_META["env_steps"]]),
+                    param_version=computed_on,
                     staleness=version - computed_on, dropped=int(policy.applied == applied)))
                 guard.beat(policy.version, "waiting for pushes")
         ps.close(timeout_s=cfg.wait_timeout_s)
@@ -199,9 +200,9 @@ class ShardServer:
         self.received[worker] += 1
         if self.decides:
             asks_stop = self.book.account(worker, meta)
-        elif int(meta[_PUSHES]) != self.received[worker]:
+        elif int(meta[PUSH_META["pushes"]]) != self.received[worker]:
             raise AccountingError(f"shard {self.sps.shard}: worker {worker} says this is its "
-                                  f"push {int(meta[_PUSHES])}, but it is the "
+                                  f"push {int(meta[PUSH_META['pushes']])}, but it is the "
                                   f"{self.received[worker]}th this shard took")
         if self.stopping:
             self.policy.drop()

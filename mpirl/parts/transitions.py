@@ -23,13 +23,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-BLOCK_META = ("index", "count", "env_steps", "episodes", "return_sum", "recent_mean", "last",
-              "version")
-SAMPLE_META = ("last", "updates", "beta")
-BATCH_META = ("count", "inserted", "stored", "evicted", "sampled")
-B = {name: i for i, name in enumerate(BLOCK_META)}
-S = {name: i for i, name in enumerate(SAMPLE_META)}
-R = {name: i for i, name in enumerate(BATCH_META)}
+from .records import Fields
+
+BLOCK_META = Fields("index", "count", "env_steps", "episodes", "return_sum", "recent_mean",
+                    "last", "version")
+SAMPLE_META = Fields("last", "updates", "beta")
+BATCH_META = Fields("count", "inserted", "stored", "evicted", "sampled")
 
 
 class TransitionLayout:

@@ -3,7 +3,7 @@
 An unroll is ``T`` steps of an actor's ``E`` envs: the ``T + 1`` observations (the last
 one bootstraps), actions, the behaviour policy's log-probabilities, rewards, episode
 ends, the value of a time limit's cut-off observation (``boot``, 0 elsewhere) and a few
-numbers (:data:`META`), among them the parameter version that produced the actions.
+numbers (:data:`UNROLL_META`), among them the parameter version that produced the actions.
 :class:`UnrollLayout` makes that one numpy structured record, contiguous, of a size
 known to both sides before the first one travels: sent as bytes, never pickled.  A
 learner batches records along the env axis into :class:`Unrolls` for V-trace.
@@ -17,10 +17,11 @@ import gymnasium
 import numpy as np
 import torch
 
+from .records import Fields
+
 #: the numbers an unroll carries besides its arrays (float64)
-META = ("version", "index", "env_steps", "episodes", "return_sum", "recent_mean",
-        "wants_params", "stop", "rtt_s", "busy_s")
-M = {name: i for i, name in enumerate(META)}
+UNROLL_META = Fields("version", "index", "env_steps", "episodes", "return_sum",
+                     "recent_mean", "wants_params", "stop", "rtt_s", "busy_s")
 
 
 @dataclass
@@ -47,7 +48,7 @@ class UnrollLayout:
         else:
             act = ("actions", "f4", (steps, num_envs, *act_space.shape))
         per_step = (steps, num_envs)
-        self.dtype = np.dtype([("meta", "f8", (len(META),)),
+        self.dtype = np.dtype([("meta", "f8", (len(UNROLL_META),)),
                                ("obs", "f4", (steps + 1, num_envs, *obs_shape)), act,
                                ("logp", "f4", per_step), ("rewards", "f4", per_step),
                                ("dones", "f4", per_step), ("boot", "f4", per_step)])
@@ -113,8 +114,9 @@ class UnrollAssembler:
         if t == 0:
             self.made[client] += 1
             r["meta"][:] = 0.0
-            r["meta"][M["version"]], r["meta"][M["index"]] = version, self.made[client]
-            r["meta"][M["env_steps"]] = self.layout.steps * self.env_steps_per_step
+            r["meta"][UNROLL_META["version"]] = version
+            r["meta"][UNROLL_META["index"]] = self.made[client]
+            r["meta"][UNROLL_META["env_steps"]] = self.layout.steps * self.env_steps_per_step
         r["obs"][t], r["actions"][t], r["logp"][t] = obs, action, logp
         self.filled[client] = t + 1
         return out
@@ -141,5 +143,5 @@ def batch_unrolls(records: list[np.ndarray], gamma: float) -> Unrolls:
     return Unrolls(obs=cat("obs"), actions=cat("actions"), logp=cat("logp"),
                    rewards=cat("rewards") + gamma * cat("boot"),
                    discounts=gamma * (1.0 - dones),
-                   versions=np.array([r[0]["meta"][M["version"]] for r in records],
+                   versions=np.array([r[0]["meta"][UNROLL_META["version"]] for r in records],
                                      dtype=np.int64))

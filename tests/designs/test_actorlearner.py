@@ -10,14 +10,14 @@ import pytest
 from mpirl.config import Config
 from mpirl.kit.actorlearner import UnrollQueue, lag_stats
 from mpirl.kit.inference import Batcher
-from mpirl.parts.unroll import M, UnrollLayout
+from mpirl.parts.unroll import UNROLL_META, UnrollLayout
 
 LAYOUT = UnrollLayout(2, 1, gymnasium.spaces.Box(-1, 1, (2,)), gymnasium.spaces.Discrete(2))
 
 
 def unroll(version):
     record = LAYOUT.empty()
-    record[0]["meta"][M["version"]] = version
+    record[0]["meta"][UNROLL_META["version"]] = version
     return record
 
 
@@ -27,7 +27,7 @@ def test_the_queue_hands_out_batches_oldest_first_and_records_their_lag():
         q.add(unroll(v), version=1)
     assert q.take(4, version=1) == []            # not enough yet: nothing taken
     got = q.take(2, version=3)
-    assert [int(r[0]["meta"][M["version"]]) for r in got] == [0, 1]
+    assert [int(r[0]["meta"][UNROLL_META["version"]]) for r in got] == [0, 1]
     assert q.lags == [3, 2] and q.used == 2 and len(q) == 1
     q.drop_rest()
     assert q.received == q.used + q.dropped == 3

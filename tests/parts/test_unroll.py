@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from mpirl.parts.actor import Rollout
-from mpirl.parts.unroll import M, UnrollAssembler, UnrollLayout, batch_unrolls
+from mpirl.parts.unroll import UNROLL_META, UnrollAssembler, UnrollLayout, batch_unrolls
 
 OBS = gymnasium.spaces.Box(-1.0, 1.0, (3,))
 ACT = gymnasium.spaces.Discrete(2)
@@ -42,7 +42,7 @@ def test_pack_then_bytes_then_batch_gives_back_the_rollout():
     for i, rollout in enumerate(rollouts):
         record = layout.empty()
         layout.pack(record, rollout, last_obs=torch.full((2, 3), float(i)))
-        record[0]["meta"][M["version"]] = 7 + i
+        record[0]["meta"][UNROLL_META["version"]] = 7 + i
         raw = record.view(np.uint8).copy()          # what travels
         records.append(layout.view(raw))
     gamma = 0.9
@@ -78,7 +78,8 @@ def test_the_assembler_makes_the_unroll_the_actor_saw():
     np.testing.assert_array_equal(second["obs"], np.stack(obs[3:7]))
     np.testing.assert_array_equal(first["rewards"][:, 0], [0, 1, 2])
     np.testing.assert_array_equal(second["dones"][:, 0], [0, 1, 0])   # step 4 ended it
-    assert first["meta"][M["version"]] == 10 and second["meta"][M["version"]] == 13
-    assert first["meta"][M["index"]] == 1 and second["meta"][M["env_steps"]] == 6
+    m = UNROLL_META
+    assert first["meta"][m["version"]] == 10 and second["meta"][m["version"]] == 13
+    assert first["meta"][m["index"]] == 1 and second["meta"][m["env_steps"]] == 6
     # env 0's episode: steps 0..4, rewards 0+1+2+3+4
     assert asm.drain_episodes(5) == [(10.0, 5)]
