@@ -54,7 +54,7 @@ from topologies.paramserver import DeadlineExceeded
 from ..config import Config
 from ..kit import ledger
 from ..kit.actorlearner import (REPLY_META, TAG_PARAMS, TAG_STOP, AccountingError, actor_counts,
-                                lag_stats, meta_nbytes, params_reply, settle)
+                                meta_nbytes, params_reply, record_lags, settle)
 from ..kit.book import Book
 from ..kit.common import Episodes, Summary, build_dqn, check_same_model, final_mean_return
 from ..kit.replayservice import BlockSender, ReplayRank, SampleClient
@@ -97,8 +97,7 @@ def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
         comm, part.episodes if isinstance(part, ApexActor) else None)
     if rank == 0:            # the learner: the lag of every transition it trained on
         part.fill(summary)
-        summary.mean_policy_lag, summary.p95_policy_lag = lag_stats(part.lags)
-        np.save(run_dir / "policy_lag.npy", np.asarray(part.lags, dtype=np.int64))
+        record_lags(summary, run_dir, part.lags)
     settle(summary, comm, {**part.counts(), "bytes_sent": part.log.bytes_sent()},
            ledger.TRANSITIONS, extra=("env_steps", "transitions_sampled"))
     part.log.close(summary.totals())

@@ -114,6 +114,8 @@ class Trainer:
     """ga3c's trainer (rank 0): takes the predictor's unrolls, answers each with the
     latest parameters (when they changed), trains on every ``--unroll-batch``."""
 
+    episodes = None      # it steps no envs
+
     def __init__(self, cfg: Config, comm: MPI.Comm, learner, layout: UnrollLayout,
                  predictor: int, run_dir: Path) -> None:
         self.cfg, self.comm, self.learner, self.layout = cfg, comm, learner, layout

@@ -34,8 +34,8 @@ from topologies.channels import ChannelClient, ChannelServer, as_bytes
 
 from ..config import Config
 from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError,
-                                UnrollQueue, VtraceTrainer, actor_counts, lag_stats, meta_nbytes,
-                                params_reply, settle)
+                                UnrollQueue, VtraceTrainer, actor_counts, meta_nbytes,
+                                params_reply, record_lags, settle)
 from ..kit.book import Book
 from ..kit.common import Episodes, Summary, build_replica, check_same_model, final_mean_return
 from ..parts.actor import ModelPolicy
@@ -70,11 +70,9 @@ def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     summary.final_mean_return = final_mean_return(comm, None if is_learner else part.episodes)
     lags = comm.gather(part.queue.lags if is_learner else [], root=0)
     if rank == 0:
-        summary.mean_policy_lag, summary.p95_policy_lag = lag_stats(sum(lags, []))
+        record_lags(summary, run_dir, sum(lags, []))
     settle(summary, comm, part.counts())
     part.log.close(summary.totals())
-    if rank == 0:
-        np.save(run_dir / "policy_lag.npy", np.asarray(sum(lags, []), dtype=np.int64))
     return summary
 
 

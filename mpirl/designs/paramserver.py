@@ -105,36 +105,25 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, make_policy) -> Summary:
     learner, actor = build_replica(cfg, ps.rank, with_actor=not ps.is_server)
     check_same_model(comm, learner)
     generation = _resume_generation(comm, run_dir) if cfg.resume else None
+    if ps.is_server:
+        part = Server(cfg, ps, learner, make_policy(learner), run_dir, generation)
+        part.serve()
+    else:
+        part = Worker(cfg, ps, learner, actor, run_dir, generation)
+        part.work()
+    if part.stopped:                     # a stop snapshot: every rank wrote its side
+        part.log.close()
+        raise StopRequested(part.position, run_dir)
     summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=ps.size,
                       gradient_bytes=learner.grad.nbytes)
-    episodes = None
-    if ps.is_server:
-        server = Server(cfg, ps, learner, make_policy(learner), run_dir, generation)
-        server.serve()
-        if server.stopped:
-            server.log.close()
-            raise StopRequested(server.policy.version, run_dir)
-        server.fill(summary)
-        # staleness of every applied gradient, in the order they were applied
-        np.save(run_dir / "staleness.npy", np.asarray(server.policy.staleness, dtype=np.int64))
-    else:
-        worker = Worker(cfg, ps, learner, actor, run_dir, generation)
-        worker.work()
-        if worker.stopped:
-            worker.log.close()
-            raise StopRequested(worker.pushes, run_dir)
-        episodes = worker.episodes
-        summary.phase_s = worker.phases
+    part.fill(summary)
     # Collective bookkeeping after the exchange has ended: no traffic during it.
-    part = server if ps.is_server else worker
     ledger.record(summary, ledger.settle(comm, part.counts(), ledger.GRADIENTS,
                                          extra=("updates_skipped",)))
-    summary.final_mean_return = final_mean_return(comm, episodes)
+    summary.final_mean_return = final_mean_return(comm, part.episodes)
     summary.phase_s = comm.bcast(summary.phase_s if ps.rank == 1 else None, root=1)
-    if ps.is_server:
-        # every rank is done writing: a snapshot cut short by the budget's end is dropped
-        last = checkpoint.latest_complete(run_dir, ps.size)
-        checkpoint.remove_generations(run_dir, lambda g: last is not None and g <= last)
+    if ps.is_server:    # every rank is done writing: drop a snapshot the end cut short
+        part.drop_unfinished_snapshots()
     part.log.close(summary.totals())
     return summary
 
@@ -285,10 +274,28 @@ class Server:
         """Its ledger's counts (:mod:`mpirl.kit.ledger`)."""
         return {"gradients_applied": self.policy.applied, "gradients_dropped": self.policy.dropped}
 
+    #: the server runs no envs: no episodes of its own
+    episodes = None
+
+    @property
+    def position(self) -> int:
+        """Where a stop left it: its parameter version."""
+        return self.policy.version
+
     def fill(self, summary: Summary) -> None:
+        """The server's figures; the staleness of every applied gradient, in the order
+        they were applied, to ``staleness.npy``."""
         self.book.fill(summary, self.policy, self.progress)
         summary.param_digest = self.learner.param_digest()
         summary.snapshots, summary.snapshot_s = self.snaps.taken, self.snaps.seconds
+        np.save(self.run_dir / "staleness.npy",
+                np.asarray(self.policy.staleness, dtype=np.int64))
+
+    def drop_unfinished_snapshots(self) -> None:
+        """Delete generations after the newest complete one (collective end reached)."""
+        last = checkpoint.latest_complete(self.run_dir, self.ps.size)
+        checkpoint.remove_generations(self.run_dir,
+                                      lambda g: last is not None and g <= last)
 
 
 class ShardedA3CWorker(Worker):

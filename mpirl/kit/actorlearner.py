@@ -122,6 +122,13 @@ def report(progress, version: int, env_steps: int, window: list[float],
     return [0.0, 0.0]
 
 
+def record_lags(summary: Summary, run_dir, lags: list[int]) -> None:
+    """The policy lags of every unroll (or transition) trained on: their mean and 95th
+    percentile into ``summary``, every one, in order, into ``policy_lag.npy``."""
+    summary.mean_policy_lag, summary.p95_policy_lag = lag_stats(lags)
+    np.save(run_dir / "policy_lag.npy", np.asarray(lags, dtype=np.int64))
+
+
 def lag_stats(lags: list[int]) -> tuple[float, float]:
     """Mean and 95th percentile of policy lags (NaN when there are none)."""
     if not lags:

@@ -36,7 +36,7 @@ from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from .actorlearner import (REPLY_META, TAG_ACTIONS, TAG_STOP, AccountingError, actor_counts,
-                           lag_stats, settle)
+                           record_lags, settle)
 from .book import Book
 from .common import Episodes, Summary, build_replica, check_same_model, final_mean_return
 
@@ -128,18 +128,13 @@ def run_inference(cfg: Config, comm: MPI.Comm, run_dir: Path, *, make_server,
     else:
         part = make_trainer(cfg, comm, learner, layout, predictor=1, run_dir=run_dir)
     part.run()
-    lags = part.queue.lags if rank == 0 else []
-    if rank == reporter:
+    if rank == reporter:                   # env steps, time, target, inference batches
         part.fill(summary)
-    for name in ("env_steps", "wall_s", "reached_target", "mean_inference_batch", "phase_s"):
-        setattr(summary, name, comm.bcast(getattr(summary, name), root=reporter))
-    if rank == 0:
-        summary.updates = part.trainer.version
-        summary.param_digest = learner.param_digest()
-        summary.mean_policy_lag, summary.p95_policy_lag = lag_stats(lags)
-        np.save(run_dir / "policy_lag.npy", np.asarray(lags, dtype=np.int64))
-    summary.final_mean_return = final_mean_return(
-        comm, part.episodes if rank >= servers else None)
+    summary = comm.bcast(summary, root=reporter)
+    if rank == 0:                          # the learner (seed) or the trainer (ga3c)
+        summary.updates, summary.param_digest = part.trainer.version, learner.param_digest()
+        record_lags(summary, run_dir, part.queue.lags)
+    summary.final_mean_return = final_mean_return(comm, part.episodes)
     settle(summary, comm, part.counts())
     part.log.close(summary.totals())
     return summary
@@ -249,6 +244,7 @@ class InferenceServer:
     predictor ships it to the trainer."""
 
     role: str            # in its log: learner (seed) or predictor (ga3c)
+    episodes = None      # it steps no envs
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learner, layout: UnrollLayout,
                  actors: list[int], run_dir: Path) -> None:

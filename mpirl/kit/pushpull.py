@@ -135,6 +135,15 @@ class Worker:
         """Its ledger's counts (:mod:`mpirl.kit.ledger`)."""
         return {"gradients_sent": self.pushes, "updates_skipped": self.skipped}
 
+    @property
+    def position(self) -> int:
+        """Where a stop left it: its pushes."""
+        return self.pushes
+
+    def fill(self, summary: Summary) -> None:
+        """A worker's figures: its seconds per phase."""
+        summary.phase_s = self.phases
+
     def state(self) -> dict:
         return {"generation": self.generation, "world_size": self.ps.size,
                 "pushes": self.pushes, "skipped": self.skipped, "phases": dict(self.phases),
