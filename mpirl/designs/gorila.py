@@ -214,7 +214,7 @@ class GorilaWorker:
         self.phases: dict[str, float] = {}
         self.log = RunLogger(cfg, comm, run_dir, role="worker")
 
-    def work(self) -> None:
+    def run(self) -> None:
         cfg, ps, learner = self.cfg, self.ps, self.learner
         timer, meta = PhaseTimer(), np.zeros(len(GORILA_META))
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:

@@ -105,12 +105,9 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, make_policy) -> Summary:
     learner, actor = build_replica(cfg, ps.rank, with_actor=not ps.is_server)
     check_same_model(comm, learner)
     generation = _resume_generation(comm, run_dir) if cfg.resume else None
-    if ps.is_server:
-        part = Server(cfg, ps, learner, make_policy(learner), run_dir, generation)
-        part.serve()
-    else:
-        part = Worker(cfg, ps, learner, actor, run_dir, generation)
-        part.work()
+    part = (Server(cfg, ps, learner, make_policy(learner), run_dir, generation) if ps.is_server
+            else Worker(cfg, ps, learner, actor, run_dir, generation))
+    part.run()
     if part.stopped:                     # a stop snapshot: every rank wrote its side
         part.log.close()
         raise StopRequested(part.position, run_dir)
@@ -163,9 +160,9 @@ class Server:
                              resume_rows=self.book.rows if self.resumed else None)
         # the order of the pushes taken: recorded, or enforced (--replay-schedule)
         self.schedule = Schedule(run_dir, ps.rank, cfg.replay_schedule)
-        self._apply_timer = PhaseTimer()   # serve() times the whole handling of a push
+        self._apply_timer = PhaseTimer()   # run() times the whole handling of a push
 
-    def serve(self) -> None:
+    def run(self) -> None:
         ps, policy, log = self.ps, self.policy, self.log
         ps.open(self.learner.params.size, self.learner.params.dtype)
         if not self.resumed:      # resumed workers hold their checkpoint's parameters

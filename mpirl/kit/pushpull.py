@@ -71,7 +71,7 @@ class Worker:
         self.log = RunLogger(cfg, ps.comm, run_dir, role="worker",
                              resume_update=self.pushes if self.resumed else None)
 
-    def work(self) -> None:
+    def run(self) -> None:
         cfg, ps, learner, log = self.cfg, self.ps, self.learner, self.log
         policy, timer, meta = ModelPolicy(learner.model), PhaseTimer(), np.zeros(ps.meta_len)
         alive = True

@@ -47,18 +47,13 @@ def run_sharded(cfg: Config, comm: MPI.Comm, run_dir: Path, *, build, make_worke
     first_worker = servers + replays
     learner, actor = build(cfg, rank, with_actor=rank >= first_worker)
     check_same_model(comm, learner)
-    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
-                      gradient_bytes=learner.grad.nbytes)
     comms = ShardComms(comm, servers, replays)
     layout = TransitionLayout(learner.obs_space.shape, cfg.num_envs * cfg.rollout_steps,
                               cfg.replay_batch) if transitions else None
     part, sps = _make_part(cfg, comms, learner, actor, layout, make_worker, run_dir)
-    if sps is None:
-        part.run()
-    elif sps.is_server:
-        part.serve()
-    else:
-        part.work()
+    part.run()
+    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
+                      gradient_bytes=learner.grad.nbytes)
     _rank0_figures(summary, comm, sps, part, learner, first_worker)
     invariants = ledger.GRADIENTS + (ledger.TRANSITIONS if transitions else ())
     ledger.record(summary, ledger.settle(comm, part.counts(), invariants,
@@ -158,7 +153,7 @@ class ShardServer:
         # the order of the pushes this shard took: recorded, or enforced (--replay-schedule)
         self.schedule = Schedule(run_dir, sps.rank, cfg.replay_schedule)
 
-    def serve(self) -> None:
+    def run(self) -> None:
         ps, policy, cfg = self.ps, self.policy, self.cfg
         ps.open(self.params.size, self.params.dtype)
         for worker in ps.workers:
