@@ -333,11 +333,8 @@ class ApexLearner:
         meta = self.params.buffers[actor].view(np.float64)
         if not self.stopping:      # once the end is decided, the order changes nothing
             self.schedule.take(actor, self.version)
-        self.taken[actor] += 1
-        if int(meta[REQUEST_META["index"]]) != self.taken[actor]:
-            raise AccountingError(f"actor {actor} says this is its request "
-                                  f"{int(meta[REQUEST_META['index']])}, but it is the "
-                                  f"{self.taken[actor]}th the learner took")
+        ledger.count_in_order(self.taken, actor, meta[REQUEST_META["index"]], "actor",
+                              "request", "the learner")
         q = REQUEST_META
         self.book.add(int(meta[q["env_steps"]]), meta[q["episodes"]], meta[q["return_sum"]])
         if not np.isnan(meta[REQUEST_META["recent_mean"]]):

@@ -54,8 +54,9 @@ from mpi4py import MPI
 from topologies.shardedps import ShardedParameterServer
 
 from ..config import Config
+from ..errors import AccountingError
 from ..kit.common import Episodes, Summary, build_dqn
-from ..kit.pushpull import PUSH_META, AccountingError
+from ..kit.pushpull import PUSH_META
 from ..kit.replayservice import BlockSender, SampleClient, replay_warmup
 from ..kit.shards import GORILA_META, ShardComms, run_sharded
 from ..parts.learner.dqn import EpsilonGreedy, apex_epsilon

@@ -33,6 +33,7 @@ import topologies
 from topologies.channels import ChannelClient, ChannelServer, as_bytes
 
 from ..config import Config
+from ..kit import ledger
 from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError,
                                 UnrollQueue, VtraceTrainer, actor_counts, meta_nbytes,
                                 params_reply, record_lags, settle)
@@ -240,11 +241,8 @@ class ImpalaLearner:
         record = self.layout.view(self.server.buffers[actor]).copy()   # the slot re-arms
         meta = record[0]["meta"]
         self.schedule.take(actor, int(meta[UNROLL_META["version"]]))
-        self.taken[actor] += 1
-        if int(meta[UNROLL_META["index"]]) != self.taken[actor]:
-            raise AccountingError(f"actor {actor} says this is its unroll "
-                                  f"{int(meta[UNROLL_META['index']])}, but it is the "
-                                  f"{self.taken[actor]}th this learner took")
+        ledger.count_in_order(self.taken, actor, meta[UNROLL_META["index"]], "actor", "unroll",
+                              "this learner")
         self.owed += [meta[UNROLL_META[name]]
                       for name in ("env_steps", "episodes", "return_sum", "stop")]
         if not np.isnan(meta[UNROLL_META["recent_mean"]]):

@@ -112,16 +112,6 @@ class VtraceTrainer:
         return losses
 
 
-def report(progress, version: int, env_steps: int, window: list[float],
-           lags: list[int]) -> list[float]:
-    """One progress line (mean policy lag in the staleness column); a fresh window."""
-    recent = lags[-100:]
-    progress.report(update=version, env_steps=env_steps, episodes=window[0],
-                    return_sum=window[1], comm_share=0.0,
-                    mean_staleness=float(np.mean(recent)) if recent else 0.0)
-    return [0.0, 0.0]
-
-
 def record_lags(summary: Summary, run_dir, lags: list[int]) -> None:
     """The policy lags of every unroll (or transition) trained on: their mean and 95th
     percentile into ``summary``, every one, in order, into ``policy_lag.npy``."""

@@ -77,6 +77,16 @@ def settle(comm: MPI.Comm, counts: dict[str, float], invariants: tuple[Balance, 
     return totals
 
 
+def count_in_order(taken: dict, sender: int, said: float, role: str, thing: str,
+                   taker: str) -> None:
+    """Count one more ``thing`` taken from ``sender``, which numbers its own (``said``
+    travels with it): the two counts must agree, else nothing can be accounted for."""
+    taken[sender] += 1
+    if int(said) != taken[sender]:
+        raise AccountingError(f"{role} {sender} says this is its {thing} {int(said)}, but "
+                              f"it is the {taken[sender]}th {taker} took")
+
+
 def record(summary, totals: dict[str, float]) -> None:
     """Every total whose name is a field of ``summary`` (a count), as an int."""
     names = {f.name for f in fields(summary)}

@@ -17,7 +17,6 @@ import numpy as np
 from topologies.paramserver import ParameterServer
 
 from ..config import Config
-from ..errors import AccountingError
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Batch, Learner
 from ..parts.records import Fields
@@ -31,6 +30,7 @@ from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from .book import Book
 from .common import Episodes, Summary
+from .ledger import count_in_order
 
 #: the numbers a worker sends with every push (float64).
 PUSH_META = Fields("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
@@ -172,11 +172,8 @@ class ServerBook(Book):
 
     def account(self, worker: int, meta: np.ndarray) -> bool:
         """Take in a push's numbers; True when its worker asks the run to stop."""
-        self.received[worker] += 1
-        if int(meta[PUSH_META["pushes"]]) != self.received[worker]:
-            raise AccountingError(f"worker {worker} says this is its push "
-                                  f"{int(meta[PUSH_META['pushes']])}, but it is the "
-                                  f"{self.received[worker]}th the server took")
+        count_in_order(self.received, worker, meta[PUSH_META["pushes"]], "worker", "push",
+                       "the server")
         m = PUSH_META
         self.add(int(meta[m["env_steps"]]), float(meta[m["episodes"]]),
                  float(meta[m["return_sum"]]))

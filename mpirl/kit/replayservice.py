@@ -47,6 +47,7 @@ from ..resilience.schedule import ANSWER, REQUEST, Schedule, ScheduleDiverged
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from ..errors import AccountingError
+from . import ledger
 from .actorlearner import TAG_KEEP, TAG_STOP
 
 TAG_SAMPLE = 66      # sampler -> replay requests (actors' blocks use the channel default)
@@ -265,11 +266,8 @@ class ReplayRank:
     def _insert(self, actor: int) -> None:
         block = self.blocks.buffers[actor].view(self.layout.block)
         meta = block[0]["meta"]
-        self.taken[actor] += 1
-        if int(meta[BLOCK_META["index"]]) != self.taken[actor]:
-            raise AccountingError(f"actor {actor} says this is its block "
-                                  f"{int(meta[BLOCK_META['index']])}, but it is the "
-                                  f"{self.taken[actor]}th this replay took")
+        ledger.count_in_order(self.taken, actor, meta[BLOCK_META["index"]], "actor", "block",
+                              "this replay")
         count = int(meta[BLOCK_META["count"]])
         self.schedule.take(actor, int(meta[BLOCK_META["version"]]))
         if count:

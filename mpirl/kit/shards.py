@@ -17,7 +17,6 @@ from mpi4py import MPI
 from topologies.shardedps import ShardedParameterServer
 
 from ..config import Config
-from ..errors import AccountingError
 from ..parts.records import Fields
 from ..parts.server import AsyncPolicy, ShardOptimizer
 from ..parts.transitions import TransitionLayout
@@ -192,13 +191,11 @@ class ShardServer:
         self.progress.close()
 
     def _handle(self, worker: int, buf: np.ndarray, meta: np.ndarray, signalled: bool) -> None:
-        self.received[worker] += 1
         if self.decides:
             asks_stop = self.book.account(worker, meta)
-        elif int(meta[PUSH_META["pushes"]]) != self.received[worker]:
-            raise AccountingError(f"shard {self.sps.shard}: worker {worker} says this is its "
-                                  f"push {int(meta[PUSH_META['pushes']])}, but it is the "
-                                  f"{self.received[worker]}th this shard took")
+        else:
+            ledger.count_in_order(self.received, worker, meta[PUSH_META["pushes"]], "worker",
+                                  "push", f"shard {self.sps.shard}")
         if self.stopping:
             self.policy.drop()
             self._stop(worker)

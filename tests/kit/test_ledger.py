@@ -48,3 +48,11 @@ def test_record_fills_only_the_summary_fields():
     assert (summary.transitions_sent, summary.env_steps) == (7, 64)
     assert isinstance(summary.env_steps, int) and not hasattr(summary, "replay_stored")
     assert math.isnan(summary.mean_policy_lag)
+
+
+def test_a_message_out_of_its_senders_order_is_refused():
+    taken = {3: 0}
+    ledger.count_in_order(taken, 3, 1.0, "actor", "block", "this replay")
+    with pytest.raises(AccountingError, match="actor 3 says this is its block 3, but it is "
+                                              "the 2th this replay took"):
+        ledger.count_in_order(taken, 3, 3.0, "actor", "block", "this replay")
