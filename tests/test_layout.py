@@ -167,3 +167,38 @@ def test_every_registered_design_runs_a_function_of_its_module():
         path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
         assert module.startswith("mpirl.designs.") and path.is_file(), design.entry
         assert f"def {function}(" in path.read_text(), design.entry
+
+
+def _statements(function: ast.FunctionDef, source: list[str]) -> int:
+    """Lines of ``function``'s body that hold code: no docstring, blank line or comment."""
+    body = function.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    lines = source[body[0].lineno - 1:function.end_lineno]
+    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+def test_every_run_function_reads_as_its_design():
+    # a design's run function places the roles and ends the run; the rest is in its
+    # roles and the kit (about 20 lines, docs/architecture.md)
+    for path in sorted([*(ROOT / "mpirl" / "designs").glob("*.py"),
+                        *(ROOT / "mpirl" / "kit").glob("*.py")]):
+        source = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(source))):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("run_"):
+                assert _statements(node, source) <= 22, f"{path.name}:{node.name}"
+
+
+def test_no_design_module_or_class_grows_past_its_bound():
+    # about 350 lines a design module, about 30 attributes a class
+    for path in sorted((ROOT / "mpirl" / "designs").glob("*.py")):
+        assert len(path.read_text().splitlines()) <= 370, path.name
+    for path in sorted([*(ROOT / "mpirl" / "designs").glob("*.py"),
+                        *(ROOT / "mpirl" / "kit").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                attributes = {t.attr for n in ast.walk(node) if isinstance(n, ast.Assign)
+                              for t in n.targets for t in ast.walk(t)
+                              if isinstance(t, ast.Attribute)
+                              and isinstance(t.value, ast.Name) and t.value.id == "self"}
+                assert len(attributes) <= 30, f"{path.name}:{node.name} {len(attributes)}"

@@ -48,15 +48,15 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from topologies.channels import PAUSE_S, ChannelClient, ChannelServer, as_bytes
+from topologies.channels import PAUSE_S, ChannelClient
 from topologies.paramserver import DeadlineExceeded
 
 from ..config import Config
 from ..kit import ledger
-from ..kit.actorlearner import (REPLY_META, TAG_PARAMS, TAG_STOP, AccountingError, actor_counts,
-                                meta_nbytes, params_reply, record_lags, settle)
+from ..kit.actorlearner import (REPLY_META, TAG_PARAMS, TAG_STOP, AccountingError,
+                                ParamService, actor_counts, end_run, params_reply)
 from ..kit.book import Book
-from ..kit.common import Episodes, Summary, build_dqn, check_same_model, final_mean_return
+from ..kit.common import Episodes, Summary, build_dqn, start_replica
 from ..kit.replayservice import BlockSender, ReplayRank, SampleClient
 from ..parts.actor import Actor
 from ..parts.records import Fields
@@ -75,33 +75,26 @@ REQUEST_META = Fields("index", "env_steps", "episodes", "return_sum", "recent_me
 def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank, size, shards = comm.Get_rank(), comm.Get_size(), cfg.replay_ranks
     first_actor = 1 + shards
-    learner, actor = build_dqn(cfg, rank, with_actor=rank >= first_actor)
-    check_same_model(comm, learner)
+    learner, actor = start_replica(cfg, comm, with_actor=rank >= first_actor, build=build_dqn)
     layout = TransitionLayout(learner.obs_space.shape, cfg.rollout_steps * cfg.num_envs,
                               cfg.replay_batch)
-    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
-                      gradient_bytes=learner.grad.nbytes)
     actors = list(range(first_actor, size))
     if rank == 0:
         part = ApexLearner(cfg, comm, learner, layout, actors, run_dir)
-    elif rank < first_actor:
+    elif rank < first_actor:    # replay r holds actors r - 1, r - 1 + R, ... (after them)
         part = ReplayRank(cfg, comm, layout,
                           [a for a in actors if 1 + (a - first_actor) % shards == rank], [0],
                           run_dir)
     else:
-        index = rank - first_actor
-        part = ApexActor(cfg, comm, learner, actor, layout,
-                         replay=1 + index % shards, index=index, run_dir=run_dir)
+        part = ApexActor(cfg, comm, learner, actor, layout, replay=1 + (rank - first_actor)
+                         % shards, index=rank - first_actor, run_dir=run_dir)
     part.run()
-    summary.final_mean_return = final_mean_return(
-        comm, part.episodes if isinstance(part, ApexActor) else None)
-    if rank == 0:            # the learner: the lag of every transition it trained on
+    summary = Summary.of(cfg, size, learner)
+    if rank == 0:               # the learner: the lag of every transition it trained on
         part.fill(summary)
-        record_lags(summary, run_dir, part.lags)
-    settle(summary, comm, {**part.counts(), "bytes_sent": part.log.bytes_sent()},
-           ledger.TRANSITIONS, extra=("env_steps", "transitions_sampled"))
-    part.log.close(summary.totals())
-    return summary
+    return end_run(summary, comm, part, run_dir, lags=part.lags if rank == 0 else (),
+                   invariants=ledger.TRANSITIONS,
+                   extra=("env_steps", "transitions_sampled"))
 
 
 class ApexActor:
@@ -195,7 +188,7 @@ class ApexActor:
         return True
 
     def counts(self) -> dict:
-        return actor_counts(0, self.phases, transitions_sent=self.to_replay.transitions,
+        return actor_counts(self.phases, transitions_sent=self.to_replay.transitions,
                             env_steps=self.env_steps)
 
 
@@ -204,17 +197,15 @@ class ApexLearner:
     """Sample prefetched batches from the replays, train, send the priorities back;
     answer the actors' parameter requests meanwhile."""
 
+    episodes = None      # it steps no envs
+
     def __init__(self, cfg: Config, comm: MPI.Comm, learner: DqnLearner,
                  layout: TransitionLayout, actors: list[int], run_dir: Path) -> None:
         self.cfg, self.comm, self.learner, self.layout = cfg, comm, learner, layout
         self.shards = list(range(1, 1 + cfg.replay_ranks))
         self.samplers = {s: SampleClient(comm, s, layout, cfg.wait_timeout_s)
                          for s in self.shards}
-        self.params = ChannelServer(comm, actors, 8 * len(REQUEST_META))
-        # one reply per actor: a reply stays untouched until that actor's next one (a
-        # large one travels when the actor receives it, long after it was sent)
-        self.replies = {a: params_reply(learner.params.size) for a in actors}
-        self.taken = {a: 0 for a in actors}
+        self.params = ParamService(comm, actors, REQUEST_META, learner.params.size)
         self.version = 0
         # judged on the greediest actor (epsilon ~ 0): the others explore by design
         self.book = Book(cfg, judges=1)
@@ -223,13 +214,13 @@ class ApexLearner:
         self.phases: dict[str, float] = {}
         self.progress = Progress(run_dir, enabled=True)
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
-        self.log.watch(self.params, *self.samplers.values(), waits=())
+        self.log.watch(self.params.channel, *self.samplers.values(), waits=())
         # which batch or parameter request was taken next: recorded, or enforced
         self.schedule = Schedule(run_dir, 0, cfg.replay_schedule)
 
     def run(self) -> None:
         timer, cfg = PhaseTimer(), self.cfg
-        for actor in self.taken:
+        for actor in self.params.taken:
             self._publish(actor, timer)
         for shard in self.shards:
             self._ask(shard)
@@ -284,7 +275,7 @@ class ApexLearner:
                 if who in self.samplers:
                     self.samplers[who].wait()
                     return who
-                self.params.wait_any(timeout_s=self.cfg.wait_timeout_s, only=(who,))
+                self.params.channel.wait_any(timeout_s=self.cfg.wait_timeout_s, only=(who,))
             self._take_request(who, timer)
         return None
 
@@ -322,7 +313,7 @@ class ApexLearner:
         self.samplers[shard].ask(beta)
 
     def _serve_actors(self, timer) -> bool:
-        actors = self.params.ready()
+        actors = self.params.channel.ready()
         for actor in actors:
             self._take_request(actor, timer)
         return bool(actors)
@@ -330,29 +321,20 @@ class ApexLearner:
     def _take_request(self, actor: int, timer) -> None:
         """An actor's parameter request: its numbers counted, the parameters (or STOP)
         sent back."""
-        meta = self.params.buffers[actor].view(np.float64)
         if not self.stopping:      # once the end is decided, the order changes nothing
             self.schedule.take(actor, self.version)
-        ledger.count_in_order(self.taken, actor, meta[REQUEST_META["index"]], "actor",
-                              "request", "the learner")
-        q = REQUEST_META
+        meta, q = self.params.request(actor), REQUEST_META
         self.book.add(int(meta[q["env_steps"]]), meta[q["episodes"]], meta[q["return_sum"]])
-        if not np.isnan(meta[REQUEST_META["recent_mean"]]):
-            self.book.recent[actor] = float(meta[REQUEST_META["recent_mean"]])
-        self.signalled = self.signalled or bool(meta[REQUEST_META["stop"]])
+        if not np.isnan(meta[q["recent_mean"]]):
+            self.book.recent[actor] = float(meta[q["recent_mean"]])
+        self.signalled = self.signalled or bool(meta[q["stop"]])
         self._check_stop()
         self._publish(actor, timer)
 
     def _publish(self, actor: int, timer) -> None:
         with timer("publish_s"):
-            reply = self.replies[actor]
-            reply[0]["meta"][REPLY_META["version"]] = self.version
-            if self.stopping:
-                self.params.reply(actor, as_bytes(reply)[:meta_nbytes()], tag=TAG_STOP,
-                                  last=True)
-            else:
-                reply[0]["params"] = self.learner.params
-                self.params.reply(actor, reply, tag=TAG_PARAMS)
+            self.params.answer(actor, self.version,
+                               None if self.stopping else self.learner.params)
 
     def _check_stop(self) -> None:
         self.book.judge()
@@ -361,14 +343,15 @@ class ApexLearner:
     def _drain(self, timer) -> None:
         """STOP every actor at its next request; then end every replay's channel."""
         self.stopping = True
-        while self.params.pending():
+        channel = self.params.channel
+        while channel.pending():
             with timer("data_wait_s"):
-                actor = self.params.wait_any(timeout_s=self.cfg.wait_timeout_s,
-                                             only=self.params.pending())
+                actor = channel.wait_any(timeout_s=self.cfg.wait_timeout_s,
+                                         only=channel.pending())
             self._take_request(actor, timer)
         for sampler in self.samplers.values():
             sampler.end()                          # owed priorities not sent: the run is over
-        self.params.close(timeout_s=self.cfg.wait_timeout_s)
+        channel.close(timeout_s=self.cfg.wait_timeout_s)
 
     def counts(self) -> dict:
         return {"priority_sent": sum(c.prio_sent for c in self.samplers.values())}

@@ -172,5 +172,4 @@ class Trainer:
                                   tag=TAG_KEEP)
 
     def counts(self) -> dict:
-        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped,
-                "bytes_sent": self.log.bytes_sent()}
+        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped}

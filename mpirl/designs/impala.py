@@ -36,9 +36,9 @@ from ..config import Config
 from ..kit import ledger
 from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError,
                                 UnrollQueue, VtraceTrainer, actor_counts, meta_nbytes,
-                                params_reply, record_lags, settle)
+                                params_reply, end_run)
 from ..kit.book import Book
-from ..kit.common import Episodes, Summary, build_replica, check_same_model, final_mean_return
+from ..kit.common import Episodes, Summary, start_replica
 from ..parts.actor import ModelPolicy
 from ..parts.unroll import UNROLL_META, UnrollLayout
 from ..resilience.guard import Guard
@@ -51,30 +51,23 @@ from ..telemetry.timing import PhaseTimer, add_phases
 def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank, size, n_learners = comm.Get_rank(), comm.Get_size(), cfg.learners
     is_learner = rank < n_learners
-    learner, actor = build_replica(cfg, rank, with_actor=not is_learner)
-    check_same_model(comm, learner)
+    learner, actor = start_replica(cfg, comm, with_actor=not is_learner)
     learners_comm = comm.Split(0 if is_learner else MPI.UNDEFINED, rank)
     layout = UnrollLayout(cfg.rollout_steps, cfg.num_envs, learner.obs_space, learner.act_space)
-    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
-                      gradient_bytes=learner.grad.nbytes)
-    if is_learner:
+    summary = Summary.of(cfg, size, learner)
+    if is_learner:              # learner l serves actors l, l + L, l + 2L, ... (after them)
         actors = [a for a in range(n_learners, size) if (a - n_learners) % n_learners == rank]
         part = ImpalaLearner(cfg, comm, learners_comm, learner, layout, actors, run_dir)
-        part.run()
-        part.fill(summary)
-        learners_comm.Free()
     else:
         part = ImpalaActor(cfg, comm, learner, actor, layout,
                            server=(rank - n_learners) % n_learners, run_dir=run_dir)
-        part.run()
+    part.run()
+    if is_learner:
+        part.fill(summary)
+        learners_comm.Free()
     summary.env_steps = comm.bcast(summary.env_steps, root=0)
-    summary.final_mean_return = final_mean_return(comm, None if is_learner else part.episodes)
-    lags = comm.gather(part.queue.lags if is_learner else [], root=0)
-    if rank == 0:
-        record_lags(summary, run_dir, sum(lags, []))
-    settle(summary, comm, part.counts())
-    part.log.close(summary.totals())
-    return summary
+    return end_run(summary, comm, part, run_dir,
+                   lags=part.queue.lags if is_learner else ())
 
 
 class ImpalaActor:
@@ -150,11 +143,13 @@ class ImpalaActor:
         return True
 
     def counts(self) -> dict:
-        return actor_counts(self.log.bytes_sent(), self.phases, unrolls_sent=self.sent)
+        return actor_counts(self.phases, unrolls_sent=self.sent)
 
 
 class ImpalaLearner:
     """Take unrolls, answer each at once, step on every ``--unroll-batch`` of them."""
+
+    episodes = None      # it steps no envs
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learners_comm: MPI.Comm, learner, layout,
                  actors: list[int], run_dir: Path) -> None:
@@ -319,8 +314,7 @@ class ImpalaLearner:
             raise AccountingError(f"learners' parameters diverged: {digests}")
 
     def counts(self) -> dict:
-        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped,
-                "bytes_sent": self.log.bytes_sent()}
+        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped}
 
 
 __all__ = ["ImpalaActor", "ImpalaLearner", "run_impala"]

@@ -69,7 +69,7 @@ from mpi4py import MPI
 from topologies.paramserver import TAG_PARAMS, TAG_SNAPSHOT, TAG_SNAPSHOT_STOP, ParameterServer
 
 from ..config import Config
-from ..kit.common import Summary, build_replica, check_same_model, final_mean_return
+from ..kit.common import Summary, close_run, start_replica
 from ..kit import ledger
 from ..kit.pushpull import PUSH_META, ServerBook, Worker, restore_generation
 from ..kit.shards import run_sharded
@@ -90,7 +90,7 @@ _TAGS = {PARAMS: TAG_PARAMS, SNAPSHOT: TAG_SNAPSHOT, SNAPSHOT_STOP: TAG_SNAPSHOT
 
 def run_async(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     if cfg.servers > 1:          # the same workers, their gradients over sharded servers
-        return run_sharded(cfg, comm, run_dir, build=build_replica, make_worker=ShardedA3CWorker)
+        return run_sharded(cfg, comm, run_dir, make_worker=ShardedA3CWorker)
     return _run(cfg, comm, run_dir, lambda learner: AsyncPolicy())
 
 
@@ -102,8 +102,7 @@ def run_quorum(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
 
 def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, make_policy) -> Summary:
     ps = ParameterServer(comm, root=0, meta_len=len(PUSH_META))
-    learner, actor = build_replica(cfg, ps.rank, with_actor=not ps.is_server)
-    check_same_model(comm, learner)
+    learner, actor = start_replica(cfg, comm, with_actor=not ps.is_server)
     generation = _resume_generation(comm, run_dir) if cfg.resume else None
     part = (Server(cfg, ps, learner, make_policy(learner), run_dir, generation) if ps.is_server
             else Worker(cfg, ps, learner, actor, run_dir, generation))
@@ -111,17 +110,13 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, make_policy) -> Summary:
     if part.stopped:                     # a stop snapshot: every rank wrote its side
         part.log.close()
         raise StopRequested(part.position, run_dir)
-    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=ps.size,
-                      gradient_bytes=learner.grad.nbytes)
+    summary = Summary.of(cfg, ps.size, learner)
     part.fill(summary)
-    # Collective bookkeeping after the exchange has ended: no traffic during it.
-    ledger.record(summary, ledger.settle(comm, part.counts(), ledger.GRADIENTS,
-                                         extra=("updates_skipped",)))
-    summary.final_mean_return = final_mean_return(comm, part.episodes)
     summary.phase_s = comm.bcast(summary.phase_s if ps.rank == 1 else None, root=1)
+    # Collective bookkeeping after the exchange has ended: no traffic during it.
+    close_run(summary, comm, part, ledger.GRADIENTS, extra=("updates_skipped",))
     if ps.is_server:    # every rank is done writing: drop a snapshot the end cut short
         part.drop_unfinished_snapshots()
-    part.log.close(summary.totals())
     return summary
 
 

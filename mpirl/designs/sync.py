@@ -23,6 +23,8 @@ and the log.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,36 +80,22 @@ class Counters:
 
 def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank = SyncRank.start(cfg, comm, run_dir)
-    learner, actor, exchange, count = rank.learner, rank.actor, rank.exchange, rank.count
-    policy, timer, solved = ModelPolicy(learner.model), PhaseTimer(), False
-    with Guard(cfg, comm, comm.Get_rank()) as guard:
-        exchange.announce = guard.at
-        rank.log.begin()
-        while rank.budget_left():
-            count.batch_index += 1
-            guard.at(f"computing update {count.update + 1}")
+    learner, actor, exchange = rank.learner, rank.actor, rank.exchange
+    policy, timer = ModelPolicy(learner.model), PhaseTimer()
+    with rank.guarded(comm) as guard:
+        while rank.next_rollout():
             batch = learner.batch(actor.collect(policy, cfg.rollout_steps, timer))
-            for repeat in range(cfg.update_repeat):
-                update = count.update + 1
-                guard.at(f"computing update {update}")
+            for update, first in rank.updates():           # --update-repeat passes
                 losses = learner.gradient(batch, timer)
                 guard.check(update, learner.grad)          # --fail; NaN: 'stop' raises
                 with timer("exchange_s"):
                     exchange.average(learner.grad, update)  # the whole exchange
-                if guard.usable(learner.grad):
+                if rank.usable(learner.grad):              # else a NaN every rank skips
                     learner.apply(timer)
-                else:                                      # a NaN every rank skips
-                    count.skipped += 1
-                rank.record(update, timer, losses, first=repeat == 0)
-                guard.beat(update, "between updates")
-            if rank.rollout_done():                        # --target-return reached
-                solved = True
+                rank.record(update, timer, losses, first)
+            if rank.rollout_done() or rank.stop_agreed():  # --target-return; a signal
                 break
-            if exchange.collective(guard.stop_agreed, "stop check"):   # SIGTERM/SIGINT
-                if exchange.shrunk:
-                    break             # no checkpoint after a shrink: end as if done
-                rank.stop()
-    return rank.finish(solved)
+    return rank.finish()
 
 
 @dataclass
@@ -125,6 +113,8 @@ class SyncRank:
     progress: Progress
     saved: TrainingState
     log: RunLogger
+    guard: Guard | None = None
+    solved: bool = False          # stopped early: every rank reached --target-return
 
     @classmethod
     def start(cls, cfg: Config, comm: MPI.Comm, run_dir: Path) -> "SyncRank":
@@ -145,6 +135,48 @@ class SyncRank:
         log.watch(exchange, waits=(), from_zero=True)   # the first row holds the bcast
         return cls(cfg, run_dir, learner, actor, exchange, count, episodes, progress, saved,
                    log)
+
+    @contextmanager
+    def guarded(self, comm: MPI.Comm) -> Iterator[Guard]:
+        """The run's :class:`Guard` (``--fail``, NaN check, watchdog, signal stop), told
+        of every exchange; the log's clock starts."""
+        with Guard(self.cfg, comm, comm.Get_rank()) as guard:
+            self.guard, self.exchange.announce = guard, guard.at
+            self.log.begin()
+            yield guard
+
+    def next_rollout(self) -> bool:
+        """True, and the rollout counted, when another one fits in the budget."""
+        if not self.budget_left():
+            return False
+        self.count.batch_index += 1
+        self.guard.at(f"computing update {self.count.update + 1}")
+        return True
+
+    def updates(self) -> Iterator[tuple[int, bool]]:
+        """Each update of this rollout's batch: its number, and whether it is the first
+        (which carries the rollout's env steps); the watchdog hears of each."""
+        for repeat in range(self.cfg.update_repeat):
+            update = self.count.update + 1
+            self.guard.at(f"computing update {update}")
+            yield update, repeat == 0
+            self.guard.beat(update, "between updates")
+
+    def usable(self, grad) -> bool:
+        """The averaged gradient may be applied; if not (a NaN every rank skips), counted."""
+        if self.guard.usable(grad):
+            return True
+        self.count.skipped += 1
+        return False
+
+    def stop_agreed(self) -> bool:
+        """Every rank was asked to stop (SIGTERM/SIGINT, collective): checkpoint and raise
+        :class:`StopRequested`, or, after a shrink, True: end as if done."""
+        if not self.exchange.collective(self.guard.stop_agreed, "stop check"):
+            return False
+        if self.exchange.shrunk:
+            return True               # no checkpoint after a shrink: end as if done
+        self.stop()
 
     def budget_left(self) -> bool:
         """Another rollout of every rank fits in the env-step budget."""
@@ -171,6 +203,7 @@ class SyncRank:
         self.log.episodes(count.update, finished)
         self.log.sim_times(count.update - cfg.update_repeat + 1, actor.drain_sim_times())
         if (count.batch_index % cfg.log_every == 0 or not self.budget_left()) and self.report():
+            self.solved = True
             return True
         if cfg.checkpoint_every and count.batch_index % cfg.checkpoint_every == 0:
             self.checkpoint()
@@ -205,7 +238,7 @@ class SyncRank:
                  if m is not None]
         return reached_target(self.cfg.target_return, means, exchange.size)
 
-    def finish(self, solved: bool) -> Summary:
+    def finish(self) -> Summary:
         """The last checkpoint, checks and collectives, the summary, the log closed."""
         cfg, exchange, learner, count = self.cfg, self.exchange, self.learner, self.count
         if cfg.checkpoint_every:
@@ -222,7 +255,7 @@ class SyncRank:
                           wall_s=self.progress.elapsed(), gradients_sent=count.gradients,
                           gradients_applied=count.gradients, gradients_dropped=0,
                           final_mean_return=last_returns, comm_share=share,
-                          phase_s=count.phases, reached_target=solved,
+                          phase_s=count.phases, reached_target=self.solved,
                           param_digest=learner.param_digest(),
                           gradient_bytes=learner.grad.nbytes, updates_skipped=count.skipped,
                           ranks_failed=sorted(r for e in exchange.team.events

@@ -22,11 +22,13 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
+from topologies.channels import ChannelServer, as_bytes
+
 from ..errors import AccountingError  # noqa: F401 (the designs raise it from here too)
 from ..parts.records import Fields
 from ..parts.unroll import UNROLL_META, batch_unrolls
 from . import ledger
-from .common import Summary
+from .common import Summary, final_mean_return
 
 TAG_PARAMS = 62      # reply: meta + parameters
 TAG_KEEP = 63        # reply: meta only (keep the parameters you have)
@@ -45,6 +47,38 @@ def params_reply(n_params: int) -> np.ndarray:
 
 def meta_nbytes() -> int:
     return 8 * len(REPLY_META)
+
+
+class ParamService:
+    """A learner's answers to its actors' parameter requests: each actor has one request
+    (a ``fields`` record whose ``index`` numbers it) in flight and one reply buffer, left
+    untouched until that actor's next answer (a large reply travels when the actor
+    receives it, long after it was sent)."""
+
+    def __init__(self, comm: MPI.Comm, actors: list[int], fields: Fields,
+                 n_params: int) -> None:
+        self.channel = ChannelServer(comm, actors, 8 * len(fields))
+        self.fields = fields
+        self.replies = {a: params_reply(n_params) for a in actors}
+        self.taken = {a: 0 for a in actors}
+
+    def request(self, actor: int) -> np.ndarray:
+        """``actor``'s request record (float64), counted: it must be its next one."""
+        meta = self.channel.buffers[actor].view(np.float64)
+        ledger.count_in_order(self.taken, actor, meta[self.fields["index"]], "actor",
+                              "request", "the learner")
+        return meta
+
+    def answer(self, actor: int, version: int, params: np.ndarray | None) -> None:
+        """Send ``actor`` the parameters of ``version``, or STOP (``params`` None)."""
+        reply = self.replies[actor]
+        reply[0]["meta"][REPLY_META["version"]] = version
+        if params is None:
+            self.channel.reply(actor, as_bytes(reply)[:meta_nbytes()], tag=TAG_STOP,
+                               last=True)
+        else:
+            reply[0]["params"] = params
+            self.channel.reply(actor, reply, tag=TAG_PARAMS)
 
 
 class UnrollQueue:
@@ -143,8 +177,25 @@ def settle(summary: Summary, comm: MPI.Comm, counts: dict,
     return totals
 
 
-def actor_counts(bytes_sent: int, phases: dict, **counts) -> dict:
-    """An actor's counts: ``counts``, its bytes, and its env and wall seconds."""
-    return {**counts, "bytes_sent": bytes_sent, "actor_env_s": phases.get("env_s", 0.0),
+def actor_counts(phases: dict, **counts) -> dict:
+    """An actor's counts: ``counts``, and its env and wall seconds."""
+    return {**counts, "actor_env_s": phases.get("env_s", 0.0),
             "actor_wall_s": sum(phases.values())}
+
+
+def end_run(summary: Summary, comm: MPI.Comm, part, run_dir, *, lags=(),
+            invariants: tuple = ledger.UNROLLS + ledger.REQUESTS,
+            extra: tuple[str, ...] = ()) -> Summary:
+    """Every rank's end (collective): the mean of the last episodes of every role that
+    steps envs (``part.episodes``), the policy lags of every learner (``lags``) into
+    rank 0's summary, the ledger settled with this rank's bytes sent (:func:`settle`),
+    and ``part``'s log closed."""
+    summary.final_mean_return = final_mean_return(comm, part.episodes)
+    every = comm.gather(list(lags), root=0)
+    if comm.Get_rank() == 0:
+        record_lags(summary, run_dir, [lag for some in every for lag in some])
+    settle(summary, comm, {**part.counts(), "bytes_sent": part.log.bytes_sent()}, invariants,
+           extra)
+    part.log.close(summary.totals())
+    return summary
 

@@ -18,6 +18,7 @@ from ..parts.actor import Actor
 from ..parts.envs import make_envs
 from ..parts.learner import Learner
 from ..parts.learner.dqn import DqnLearner
+from . import ledger
 
 
 def build_replica(cfg, rank: int, *, with_actor: bool = True) -> tuple[Learner, Actor | None]:
@@ -92,6 +93,12 @@ class Summary:
     priority_updates: int = 0               # applied by the replays
     priority_stale: int = 0                 # skipped: their slot was overwritten since
 
+    @classmethod
+    def of(cls, cfg, ranks: int, learner) -> "Summary":
+        """A run's summary before its figures: its design, rank count, gradient size."""
+        return cls(mode=cfg.mode, topology=cfg.topology, ranks=ranks,
+                   gradient_bytes=learner.grad.nbytes)
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -147,6 +154,18 @@ def final_mean_return(comm: MPI.Comm, episodes: Episodes | None) -> float:
     return total / count if count else math.nan
 
 
+def close_run(summary: Summary, comm: MPI.Comm, part, invariants: tuple,
+              extra: tuple[str, ...] = ()) -> Summary:
+    """Every rank's end (collective): ``part.counts()`` settled over the ranks against
+    ``invariants`` (:func:`mpirl.kit.ledger.settle`) into ``summary``, the mean of the
+    last episodes of every role that steps envs (``part.episodes``), ``part``'s log
+    closed."""
+    ledger.record(summary, ledger.settle(comm, part.counts(), invariants, extra=extra))
+    summary.final_mean_return = final_mean_return(comm, part.episodes)
+    part.log.close(summary.totals())
+    return summary
+
+
 def comm_share(phases: dict) -> float:
     """Share of the busy seconds in ``phases`` spent in the exchange."""
     busy = sum(phases.values())
@@ -165,6 +184,15 @@ def reached_target(target: float, recent_means: list[float], ranks: int) -> bool
     and the mean of their windows' means reaches ``target``."""
     return bool(target and len(recent_means) == ranks
                 and sum(recent_means) / ranks >= target)
+
+
+def start_replica(cfg, comm: MPI.Comm, *, with_actor: bool = True,
+                  build=None) -> tuple[Learner, Actor | None]:
+    """This rank's learner and actor (``build``: :func:`build_replica` unless given),
+    every rank's model checked to be the same size (collective)."""
+    learner, actor = (build or build_replica)(cfg, comm.Get_rank(), with_actor=with_actor)
+    check_same_model(comm, learner)
+    return learner, actor
 
 
 def check_same_model(comm: MPI.Comm, learner: Learner) -> None:

@@ -36,9 +36,9 @@ from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from .actorlearner import (REPLY_META, TAG_ACTIONS, TAG_STOP, AccountingError, actor_counts,
-                           record_lags, settle)
+                           end_run)
 from .book import Book
-from .common import Episodes, Summary, build_replica, check_same_model, final_mean_return
+from .common import Episodes, Summary, start_replica
 
 REQUEST_META = Fields("index", "stop")
 
@@ -114,13 +114,9 @@ def run_inference(cfg: Config, comm: MPI.Comm, run_dir: Path, *, make_server,
     run_dir=run_dir)``; every other rank is a :class:`SeedActor`."""
     rank, size = comm.Get_rank(), comm.Get_size()
     servers = 1 if make_trainer is None else 2
-    learner, actor = build_replica(cfg, rank, with_actor=rank >= servers)
-    check_same_model(comm, learner)
+    learner, actor = start_replica(cfg, comm, with_actor=rank >= servers)
     layout = UnrollLayout(cfg.rollout_steps, cfg.num_envs, learner.obs_space, learner.act_space)
-    actors = list(range(servers, size))
-    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
-                      gradient_bytes=learner.grad.nbytes)
-    reporter = servers - 1                 # who sees every env step: inference's rank
+    actors, reporter = list(range(servers, size)), servers - 1   # inference's rank reports
     if rank >= servers:
         part = SeedActor(cfg, comm, actor, learner, server=reporter, run_dir=run_dir)
     elif rank == reporter:
@@ -128,16 +124,13 @@ def run_inference(cfg: Config, comm: MPI.Comm, run_dir: Path, *, make_server,
     else:
         part = make_trainer(cfg, comm, learner, layout, predictor=1, run_dir=run_dir)
     part.run()
+    summary = Summary.of(cfg, size, learner)
     if rank == reporter:                   # env steps, time, target, inference batches
         part.fill(summary)
     summary = comm.bcast(summary, root=reporter)
     if rank == 0:                          # the learner (seed) or the trainer (ga3c)
         summary.updates, summary.param_digest = part.trainer.version, learner.param_digest()
-        record_lags(summary, run_dir, part.queue.lags)
-    summary.final_mean_return = final_mean_return(comm, part.episodes)
-    settle(summary, comm, part.counts())
-    part.log.close(summary.totals())
-    return summary
+    return end_run(summary, comm, part, run_dir, lags=part.queue.lags if rank == 0 else ())
 
 
 class SeedActor:
@@ -181,8 +174,7 @@ class SeedActor:
         self.log.sim_times(row, self.actor.drain_sim_times())
 
     def counts(self) -> dict:
-        return actor_counts(self.log.bytes_sent(), self.phases,
-                            requests_sent=self.policy.sent,
+        return actor_counts(self.phases, requests_sent=self.policy.sent,
                             actions_received=self.policy.answered)
 
 
@@ -404,5 +396,4 @@ class InferenceServer:
     def counts(self) -> dict:
         used, dropped = self.unroll_fate()
         return {"unrolls_sent": self.made, "unrolls_used": used, "unrolls_dropped": dropped,
-                "requests_answered": self.answered, "requests_dropped": self.stopped,
-                "bytes_sent": self.log.bytes_sent()}
+                "requests_answered": self.answered, "requests_dropped": self.stopped}

@@ -169,6 +169,8 @@ class ReplayRank:
     """A replay shard as an MPI service: blocks in from its actors, batches out to its
     samplers, priorities back; one row per batch served."""
 
+    episodes = None      # it steps no envs
+
     def __init__(self, cfg: Config, comm: MPI.Comm, layout: TransitionLayout,
                  actors: list[int], samplers: list[int], run_dir, *,
                  samples_comm: MPI.Comm | None = None) -> None:

@@ -26,7 +26,7 @@ from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from . import ledger
-from .common import Summary, check_same_model, final_mean_return
+from .common import Summary, close_run, start_replica
 from .pushpull import PUSH_META, ServerBook
 from .replayservice import ReplayRank
 
@@ -35,34 +35,27 @@ GORILA_META = Fields(*PUSH_META, "leave")
 LEFT = -2            # a shard's schedule: the version of a leaving push
 
 
-def run_sharded(cfg: Config, comm: MPI.Comm, run_dir: Path, *, build, make_worker,
+def run_sharded(cfg: Config, comm: MPI.Comm, run_dir: Path, *, make_worker, build=None,
                 transitions: bool = False) -> Summary:
     """A run over ``--servers`` shards: ``build(cfg, rank, with_actor=)`` makes a rank's
-    learner and actor, ``make_worker(cfg, comms, sps, learner, actor, layout, run_dir)``
-    a worker; ``transitions``: workers store transitions (a :class:`TransitionLayout`
-    for them, the replay memories' accounting at the end)."""
+    learner and actor (an actor-critic replica unless given), ``make_worker(cfg, comms,
+    sps, learner, actor, layout, run_dir)`` a worker; ``transitions``: workers store
+    transitions (a :class:`TransitionLayout` for them, the replay memories' accounting
+    at the end)."""
     rank, size, servers = comm.Get_rank(), comm.Get_size(), cfg.servers
     replays = cfg.design.serving(cfg).count("replay")
     first_worker = servers + replays
-    learner, actor = build(cfg, rank, with_actor=rank >= first_worker)
-    check_same_model(comm, learner)
+    learner, actor = start_replica(cfg, comm, with_actor=rank >= first_worker, build=build)
     comms = ShardComms(comm, servers, replays)
     layout = TransitionLayout(learner.obs_space.shape, cfg.num_envs * cfg.rollout_steps,
                               cfg.replay_batch) if transitions else None
     part, sps = _make_part(cfg, comms, learner, actor, layout, make_worker, run_dir)
     part.run()
-    summary = Summary(mode=cfg.mode, topology=cfg.topology, ranks=size,
-                      gradient_bytes=learner.grad.nbytes)
+    summary = Summary.of(cfg, size, learner)
     _rank0_figures(summary, comm, sps, part, learner, first_worker)
-    invariants = ledger.GRADIENTS + (ledger.TRANSITIONS if transitions else ())
-    ledger.record(summary, ledger.settle(comm, part.counts(), invariants,
-                                         extra=("updates_skipped", "transitions_sampled")))
-    summary.final_mean_return = final_mean_return(
-        comm, part.episodes if rank >= first_worker else None)
-    part.log.close(summary.totals())
-    if sps is not None:
-        sps.free()
-    comms.free()
+    close_run(summary, comm, part, ledger.GRADIENTS + (ledger.TRANSITIONS if transitions else ()),
+              extra=("updates_skipped", "transitions_sampled"))
+    comms.free(sps)
     return summary
 
 
@@ -87,7 +80,10 @@ class ShardComms:
         """The replay rank a worker (world rank) inserts into and samples from."""
         return self.servers + (worker - self.first_worker) % self.replays
 
-    def free(self) -> None:
+    def free(self, sps: ShardedParameterServer | None) -> None:
+        """These communicators and ``sps``'s (None on a replay rank)."""
+        if sps is not None:
+            sps.free()
         if self.replays:
             self.samples.Free()
             if self.ps != MPI.COMM_NULL:
@@ -130,6 +126,8 @@ def _rank0_figures(summary: Summary, comm: MPI.Comm, sps: ShardedParameterServer
 class ShardServer:
     """One shard's server: apply every push to this shard on arrival and answer its
     worker; shard 0 also keeps the books and decides the end."""
+
+    episodes = None      # it steps no envs
 
     def __init__(self, cfg: Config, comm: MPI.Comm, sps: ShardedParameterServer, learner,
                  run_dir: Path) -> None:
