@@ -19,6 +19,9 @@ NOTEBOOKS = ["nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29"]
 # with the NIPS 2017 model and its OsimModel (it brings the old gym, redis and
 # timeout-decorator); mpirl.parts.envs.l2run adapts it to OpenSim 4.6 without editing it.
 OSIM = ["opensim>=4.6,<4.7", "osim-rl==2.1.5"]
+# MuJoCo tasks (Hopper-v5, HalfCheetah-v5, Walker2d-v5): the learners' reference checks
+# (experiments/bench_mujoco.py, docs/learning.md)
+MUJOCO = ["gymnasium[mujoco]>=1.1"]
 
 setup(
     name="mpirl",
@@ -45,6 +48,7 @@ setup(
         # running analysis/notebooks/*.ipynb headless (the tests do; Jupyter users have it)
         "notebooks": NOTEBOOKS,
         "osim": OSIM,
+        "mujoco": MUJOCO,
         # tables (PyTables): pandas.read_hdf, one of the readers a crashed run's log is
         # checked with
         "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "ruff>=0.5",

@@ -101,6 +101,14 @@ class Design:
         return tuple(f for ledger in self.ledgers for f in LEDGERS[ledger])
 
 
+#: PPO's options that act inside a worker's loss (stateless: any design whose workers
+#: learn from their own batches takes them)
+PPO_LOSS_OPTIONS = ("norm_adv", "clip_vloss")
+#: and those that need the sync loop: minibatch exchanges, statistics merged over the
+#: replicas, the budget's lr schedule, per-replica reward statistics in its checkpoint
+PPO_OPTIONS = (*PPO_LOSS_OPTIONS, "minibatches", "obs_norm", "anneal_lr", "reward_norm")
+
+
 def _servers(cfg) -> tuple[str, ...]:
     return ("server",) * cfg.servers
 
@@ -122,21 +130,21 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "every rank steps: A2C, synchronous DPPO",
            "every rank's gradient, averaged by the topology's allreduce",
            serving=lambda cfg: (), ledgers=("gradients",), topology_use="allreduce",
-           checkpoints="replica", shrinkable=True),
+           checkpoints="replica", shrinkable=True, options=PPO_OPTIONS),
     Design("async", "mpirl.designs.paramserver:run_async",
            "rank 0 is a parameter server that applies each worker's gradient on arrival and "
            "answers that worker alone: A3C; --servers S shards it",
            "a worker's gradient up, fresh parameters back to that worker",
            serving=_servers, deciding=lambda cfg, size: list(range(cfg.servers)),
            ledgers=("gradients", "snapshots"), topology_use="star", checkpoints="snapshots",
-           options=("servers",)),
+           options=("servers", *PPO_LOSS_OPTIONS)),
     Design("quorum", "mpirl.designs.paramserver:run_quorum",
            "the server waits for --quorum fresh gradients, averages them, steps and answers: "
            "DPPO's leader",
            "gradients up, parameters back to the held workers",
            serving=lambda cfg: ("server",), deciding=lambda cfg, size: [0],
            ledgers=("gradients", "snapshots"), topology_use="star", checkpoints="snapshots",
-           options=("quorum", "late")),
+           options=("quorum", "late", *PPO_LOSS_OPTIONS)),
     Design("impala", "mpirl.designs.impala:run_impala",
            "ranks 0..L-1 learn with V-trace (--learners L), the others act: IMPALA",
            "whole unrolls up, parameters (or a version) back",

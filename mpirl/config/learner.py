@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import registry
 from ..errors import ConfigError
 from .checks import at_least, choice, doc, in_range
 
 ACTIVATIONS = ("tanh", "relu", "elu")
+#: learner options a design takes only if its registry row lists them (their value
+#: when not given): they need the design's loop (minibatch exchanges, merged statistics,
+#: the budget's schedule) or its learner's batches
+DESIGN_OPTIONS = {"minibatches": 1, "obs_norm": False, "anneal_lr": False,
+                  "norm_adv": False, "reward_norm": False, "clip_vloss": False}
 
 
 @dataclass
@@ -29,14 +35,50 @@ class LearnerFields:
     reward_scale: bool = doc("divide each batch's rewards by their standard deviation",
                               default=False)
     action_repeat: int = doc("apply each action this many times (rewards summed)", default=1)
-    update_repeat: int = doc("learn each batch this many times (a fresh gradient each time)",
-                              default=1)
+    update_repeat: int = doc("learn each batch this many times (PPO's epochs; a fresh "
+                              "gradient each time)", default=1)
+    # PPO as CleanRL's ppo_continuous_action defines it (docs/learning.md); off by default,
+    # so that earlier configurations keep their numerics
+    minibatches: int = doc("split each rank's batch into this many shuffled minibatches "
+                            "per pass, one update each; in sync mode every minibatch's "
+                            "gradient goes through the topology (DD-PPO)", default=1)
+    norm_adv: bool = doc("normalize the advantages of every minibatch (mean 0, std 1)",
+                          default=False)
+    obs_norm: bool = doc("normalize observations by their running mean and std (clipped "
+                          "to +-10); in sync mode the statistics are merged over every "
+                          "rank after each rollout", default=False)
+    reward_norm: bool = doc("divide rewards by the running std of the discounted return "
+                             "(clipped to +-10)", default=False)
+    anneal_lr: bool = doc("anneal the learning rate linearly to 0 over the budget",
+                           default=False)
+    clip_vloss: bool = doc("clip the value loss around the old values by --clip-ratio",
+                            default=False)
+    init_log_std: float = doc("initial log std of a Box policy (state-independent)",
+                               default=-0.5)
 
 
 def check_learner(cfg, world_size: int) -> None:
     choice("activation", cfg.activation, ACTIVATIONS)
-    for name in ("action_repeat", "update_repeat"):
+    design = registry.design(cfg.mode)
+    for name, off in DESIGN_OPTIONS.items():
+        if getattr(cfg, name) != off and name not in design.options:
+            takers = [d.name for d in registry.DESIGNS.values() if name in d.options]
+            raise ConfigError(f"{name}={getattr(cfg, name)!r} is not taken by "
+                              f"mode={cfg.mode!r}; allowed with mode {', '.join(takers)}")
+    for name in ("action_repeat", "update_repeat", "minibatches"):
         at_least(name, getattr(cfg, name), 1)
+    batch = cfg.rollout_steps * cfg.num_envs
+    if batch % cfg.minibatches:
+        raise ConfigError(f"minibatches={cfg.minibatches} does not divide a rank's batch of "
+                          f"{batch} steps (rollout_steps x num_envs); allowed: a divisor "
+                          f"of {batch}")
+    in_range("init_log_std", cfg.init_log_std, -5.0, 2.0)
+    if cfg.clip_vloss and cfg.clip_ratio == 0:
+        raise ConfigError("clip_vloss=True clips by --clip-ratio, which is 0; allowed: "
+                          "--clip-ratio above 0 with it (0.2 is CleanRL's)")
+    if cfg.reward_norm and cfg.reward_scale:
+        raise ConfigError("reward_norm=True and reward_scale=True both scale the rewards; "
+                          "allowed: one of them")
     in_range("lr", cfg.lr, 0.0, 1.0, low_open=True)
     in_range("gamma", cfg.gamma, 0.0, 1.0)
     in_range("gae_lambda", cfg.gae_lambda, 0.0, 1.0)

@@ -88,7 +88,10 @@ def _check_replay_schedule(cfg, world_size: int) -> None:
                           f"config.yaml and schedule/rank{first:04d}.npy); give the run "
                           f"directory of a run of one of {', '.join(REPLAYABLE)}")
     _check_recorded_size(where, world_size)
-    recorded = {k: v for k, v in load_yaml(where / "config.yaml").items()
+    # a field the recorded run's file lacks (it predates the field) is at its default,
+    # which is what that run ran with
+    recorded = {k: v for k, v in {**type(cfg)().to_dict(),
+                                  **load_yaml(where / "config.yaml")}.items()
                 if k not in FREE_FIELDS}
     mine = {k: v for k, v in cfg.to_dict().items() if k not in FREE_FIELDS}
     differences = config_differences(mine, recorded)

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from mpi4py import MPI
 
 from ..config import Config
@@ -36,6 +37,7 @@ from ..kit.common import (Episodes, Summary, build_replica, check_same_model, co
                           final_mean_return, reached_target, sum_over_ranks)
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Learner
+from ..parts.learner.normalize import Moments
 from ..resilience.checkpoint import TrainingState
 from ..resilience.exchange import Exchange
 from ..resilience.guard import Guard
@@ -85,8 +87,8 @@ def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     with rank.guarded(comm) as guard:
         while rank.next_rollout():
             batch = learner.batch(actor.collect(policy, cfg.rollout_steps, timer))
-            for update, first in rank.updates():           # --update-repeat passes
-                losses = learner.gradient(batch, timer)
+            for update, part, first in rank.updates(batch):  # epochs x minibatches
+                losses = learner.gradient(part, timer)
                 guard.check(update, learner.grad)          # --fail; NaN: 'stop' raises
                 with timer("exchange_s"):
                     exchange.average(learner.grad, update)  # the whole exchange
@@ -115,6 +117,7 @@ class SyncRank:
     log: RunLogger
     guard: Guard | None = None
     solved: bool = False          # stopped early: every rank reached --target-return
+    first_update: int = 1         # of the rollout being learnt
 
     @classmethod
     def start(cls, cfg: Config, comm: MPI.Comm, run_dir: Path) -> "SyncRank":
@@ -146,21 +149,30 @@ class SyncRank:
             yield guard
 
     def next_rollout(self) -> bool:
-        """True, and the rollout counted, when another one fits in the budget."""
+        """True, and the rollout counted, when another one fits in the budget (with
+        ``--anneal-lr``, the learning rate set for it)."""
+        cfg, count = self.cfg, self.count
         if not self.budget_left():
             return False
-        self.count.batch_index += 1
-        self.guard.at(f"computing update {self.count.update + 1}")
+        if cfg.anneal_lr:         # CleanRL's: lr (1 - (i - 1) / rollouts) for rollout i
+            rollouts = cfg.total_steps // (count.world_size * count.steps_per_batch)
+            self.learner.set_lr(cfg.lr * (1.0 - count.batch_index / rollouts))
+        count.batch_index += 1
+        self.guard.at(f"computing update {count.update + 1}")
         return True
 
-    def updates(self) -> Iterator[tuple[int, bool]]:
-        """Each update of this rollout's batch: its number, and whether it is the first
-        (which carries the rollout's env steps); the watchdog hears of each."""
-        for repeat in range(self.cfg.update_repeat):
-            update = self.count.update + 1
-            self.guard.at(f"computing update {update}")
-            yield update, repeat == 0
-            self.guard.beat(update, "between updates")
+    def updates(self, batch) -> Iterator[tuple[int, object, bool]]:
+        """Each update of this rollout's ``batch``: ``--update-repeat`` passes over its
+        ``--minibatches`` (shuffled afresh each pass); the update's number, its part of
+        the batch, and whether it is the rollout's first (which carries the rollout's env
+        steps).  The watchdog hears of each."""
+        self.first_update = self.count.update + 1
+        for _ in range(self.cfg.update_repeat):
+            for part in self.learner.minibatches(batch):
+                update = self.count.update + 1
+                self.guard.at(f"computing update {update}")
+                yield update, part, update == self.first_update
+                self.guard.beat(update, "between updates")
 
     def usable(self, grad) -> bool:
         """The averaged gradient may be applied; if not (a NaN every rank skips), counted."""
@@ -201,13 +213,24 @@ class SyncRank:
         finished = actor.drain_episodes()
         self.episodes.add(finished)
         self.log.episodes(count.update, finished)
-        self.log.sim_times(count.update - cfg.update_repeat + 1, actor.drain_sim_times())
+        self.log.sim_times(self.first_update, actor.drain_sim_times())
+        if self.learner.obs_stats is not None:
+            self.merge_obs_stats()
         if (count.batch_index % cfg.log_every == 0 or not self.budget_left()) and self.report():
             self.solved = True
             return True
         if cfg.checkpoint_every and count.batch_index % cfg.checkpoint_every == 0:
             self.checkpoint()
         return False
+
+    def merge_obs_stats(self) -> None:
+        """Every rank's statistics of this rollout's observations, merged in rank order
+        into every replica's (collective: one Allgather of a flat float64 record)."""
+        mine = self.learner.batch_obs_stats.pack()
+        every = np.empty((self.exchange.size, mine.size))
+        self.exchange.collective(lambda c: c.Allgather(mine, every), "observation statistics")
+        shape = self.learner.obs_stats.mean.shape
+        self.learner.merge_obs_stats([Moments.unpack(row, shape) for row in every])
 
     def checkpoint(self) -> None:
         if not self.exchange.shrunk:  # a resume needs the launch's rank count: docs/faults.md

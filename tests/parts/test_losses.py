@@ -274,3 +274,32 @@ def test_a2c_policy_loss_ignores_logp_old():
     b = make_batch(model, categorical_parts)
     assert actor_critic_loss(model, a, 0.5, 0.01)[0].item() == \
         actor_critic_loss(model, b, 0.5, 0.01)[0].item()
+
+
+def test_normalized_advantages_are_the_hand_computed_ones():
+    model = box_model()
+    batch = make_batch(model, gaussian_parts, RATIOS)
+    _, info = actor_critic_loss(model, batch, 0.0, 0.0, 0.2, norm_adv=True)
+    adv = batch.advantages.numpy()
+    norm = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
+    batch.advantages = torch.as_tensor(norm)
+    _, plain = actor_critic_loss(model, batch, 0.0, 0.0, 0.2)
+    assert info["policy_loss"] == pytest.approx(plain["policy_loss"], rel=1e-9)
+    assert info["policy_loss"] != pytest.approx(              # and it changed something
+        actor_critic_loss(model, make_batch(model, gaussian_parts, RATIOS), 0.0, 0.0,
+                          0.2)[1]["policy_loss"], rel=1e-3)
+
+
+def test_clipped_value_loss_takes_the_larger_of_the_two_errors_per_sample():
+    model = box_model()
+    batch = make_batch(model, gaussian_parts)
+    with torch.no_grad():
+        value = model.value(batch.obs)[:, 0]
+    # old values: far below (clip binds), close above, and equal to the value
+    batch.values = value + torch.tensor([-1.0, 0.05, 0.0, 2.0, -0.1, 0.5, -3.0, 0.0],
+                                        dtype=torch.float64)
+    _, info = actor_critic_loss(model, batch, 1.0, 0.0, 0.2, clip_vloss=True)
+    v, old, ret = value.numpy(), batch.values.numpy(), batch.returns.numpy()
+    kept = old + np.clip(v - old, -0.2, 0.2)
+    want = 0.5 * np.maximum((v - ret) ** 2, (kept - ret) ** 2).mean()
+    assert info["value_loss"] == pytest.approx(want, rel=1e-9)

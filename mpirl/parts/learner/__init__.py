@@ -14,6 +14,7 @@ import torch
 from .flat import FlatParams
 from .losses import actor_critic_loss, gae, vtrace, vtrace_loss
 from .model import ActorCritic
+from .normalize import Moments, RewardNormalizer
 from .optim import FlatAdam
 
 
@@ -26,6 +27,16 @@ class Batch:
     returns: torch.Tensor    # [T*E] value targets
     advantages: torch.Tensor  # [T*E]
     logp_old: torch.Tensor   # [T*E] log-probability of the action when it was taken
+    values: torch.Tensor | None = None   # [T*E] the values the actor saw (--clip-vloss)
+
+    def __len__(self) -> int:
+        return self.obs.shape[0]
+
+    def take(self, index: torch.Tensor) -> "Batch":
+        """The samples at ``index`` (a minibatch)."""
+        return Batch(self.obs[index], self.actions[index], self.returns[index],
+                     self.advantages[index], self.logp_old[index],
+                     None if self.values is None else self.values[index])
 
 
 class FlatLearner:
@@ -98,9 +109,16 @@ class Learner(FlatLearner):
         self.obs_space, self.act_space = obs_space, act_space
         torch.manual_seed(cfg.seed)            # the same initial replica on every rank
         self.model = ActorCritic(obs_space, act_space, cfg.hidden, cfg.activation,
-                                 cfg.layer_norm)
+                                 cfg.layer_norm, init_log_std=cfg.init_log_std,
+                                 obs_norm=cfg.obs_norm)
         self.flat = FlatParams(self.model)
         self.opt = FlatAdam(self.flat.flat, lr=cfg.lr)
+        #: --obs-norm: the statistics the model normalizes with, and the last batch's
+        #: own (which the design merges, over the ranks that agree on them)
+        self.obs_stats = Moments(self.model.obs_norm.mean.shape) if cfg.obs_norm else None
+        self.batch_obs_stats: Moments | None = None
+        self.reward_norm = (RewardNormalizer(cfg.num_envs, cfg.gamma) if cfg.reward_norm
+                            else None)
 
 
     def batch(self, rollout) -> Batch:
@@ -110,19 +128,46 @@ class Learner(FlatLearner):
         rewards = rollout.rewards
         if cfg.reward_scale:      # the book's trick: rewards divided by the batch's std
             rewards = rewards / (rewards.std() + 1e-8)
+        if self.reward_norm is not None:    # PPO's: by the running return's std
+            rewards = self.reward_norm(rewards, rollout.dones)
+        if self.obs_stats is not None:
+            self.batch_obs_stats = Moments.of(rollout.obs.flatten(0, 1).numpy())
         # an episode cut by a time limit is not over: bootstrap from its last observation
         adv = gae(rewards + cfg.gamma * rollout.boot, rollout.values, rollout.dones,
                   rollout.last_value, cfg.gamma, cfg.gae_lambda)
         return Batch(obs=rollout.obs.flatten(0, 1), actions=rollout.actions.flatten(0, 1),
                      returns=(adv + rollout.values).flatten(), advantages=adv.flatten(),
-                     logp_old=rollout.logp.flatten())
+                     logp_old=rollout.logp.flatten(), values=rollout.values.flatten())
+
+    def minibatches(self, batch: Batch) -> list[Batch]:
+        """``--minibatches`` shuffled parts of ``batch`` (torch's global generator draws
+        the order), or ``batch`` itself, whole and unshuffled, when there is one."""
+        parts = self.cfg.minibatches
+        if parts == 1:
+            return [batch]
+        return [batch.take(index) for index in torch.randperm(len(batch)).chunk(parts)]
+
+    def merge_obs_stats(self, parts: list[Moments]) -> None:
+        """Add ``parts`` (batches' statistics, in the order every replica merges them)
+        to the observation statistics, which the model normalizes with from now on."""
+        total = Moments(self.obs_stats.mean.shape)
+        for part in parts:
+            total.merge(part)
+        self.obs_stats.merge(total)
+        self.model.obs_norm.load(self.obs_stats)
+
+    def set_lr(self, lr: float) -> None:
+        """The optimizer's learning rate from now on (``--anneal-lr``)."""
+        for group in self.opt.param_groups:
+            group["lr"] = lr
 
     def gradient(self, batch: Batch, timer) -> dict:
         """Loss on ``batch`` with the current parameters; the gradient lands in
         :attr:`grad`.  Returns the loss's parts (the log's loss columns)."""
         cfg = self.cfg
         return self._backward(timer, lambda: actor_critic_loss(
-            self.model, batch, cfg.value_coef, cfg.entropy_coef, cfg.clip_ratio))
+            self.model, batch, cfg.value_coef, cfg.entropy_coef, cfg.clip_ratio,
+            norm_adv=cfg.norm_adv, clip_vloss=cfg.clip_vloss))
 
     def vtrace_gradient(self, unrolls, timer) -> dict:
         """IMPALA's V-trace loss on a batch of :class:`~mpirl.parts.unroll.Unrolls`
@@ -142,14 +187,35 @@ class Learner(FlatLearner):
         return parts
 
 
+    def _state_hash(self):
+        """The parameters, Adam's state and the observation statistics (replicas must
+        agree on what they normalize with)."""
+        h = super()._state_hash()
+        if self.obs_stats is not None:
+            h.update(self.obs_stats.pack().tobytes())
+        return h
+
     def state(self) -> dict:
-        return {"params": torch.from_numpy(self.flat.param_np.copy()),
-                "adam": copy.deepcopy(self.opt.state_dict())}   # not the live moments
+        out = {"params": torch.from_numpy(self.flat.param_np.copy()),
+               "adam": copy.deepcopy(self.opt.state_dict())}   # not the live moments
+        if self.obs_stats is not None:
+            out["obs_stats"] = torch.from_numpy(self.obs_stats.pack())
+        if self.reward_norm is not None:
+            out["reward_norm"] = {k: torch.from_numpy(v)
+                                  for k, v in self.reward_norm.state().items()}
+        return out
 
     def load_state(self, state: dict) -> None:
         self.flat.param_np[:] = state["params"].numpy()
         if "adam" in state:           # an async worker's checkpoint holds no optimizer
             self.opt.load_state_dict(state["adam"])
+        if self.obs_stats is not None:
+            self.obs_stats = Moments.unpack(state["obs_stats"].numpy(),
+                                            self.obs_stats.mean.shape)
+            self.model.obs_norm.load(self.obs_stats)
+        if self.reward_norm is not None:
+            self.reward_norm.load_state({k: v.numpy()
+                                         for k, v in state["reward_norm"].items()})
 
 
 __all__ = ["ActorCritic", "Batch", "FlatAdam", "FlatLearner", "FlatParams", "Learner",

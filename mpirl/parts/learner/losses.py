@@ -33,7 +33,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor,
 
 
 def actor_critic_loss(model, batch, value_coef: float, entropy_coef: float,
-                      clip_ratio: float = 0.0) -> tuple[torch.Tensor, dict]:
+                      clip_ratio: float = 0.0, *, norm_adv: bool = False,
+                      clip_vloss: bool = False) -> tuple[torch.Tensor, dict]:
     """Policy-gradient loss with advantages, value regression, entropy bonus.
 
     ``clip_ratio`` 0 gives A2C's ``-logp * A``; above 0, PPO's clipped surrogate
@@ -44,20 +45,34 @@ def actor_critic_loss(model, batch, value_coef: float, entropy_coef: float,
     Returns the loss and its parts as numbers: ``policy_loss``, ``value_loss``,
     ``entropy`` and, with the clipped objective, ``approx_kl``, the estimate
     ``E[(r - 1) - log r]`` of KL(pi_old || pi) (unbiased and never negative; NaN without
-    clipping, where there is no old policy to compare with)."""
+    clipping, where there is no old policy to compare with).
+
+    ``norm_adv``: the advantages are normalized to mean 0, std 1 over this batch (a
+    minibatch, in PPO); ``clip_vloss``: the value loss is PPO2's
+    ``0.5 max((V - R)^2, (V_old + clip(V - V_old, -e, e) - R)^2)``, ``V_old`` being the
+    values the actor saw (``batch.values``)."""
     dist, value = model(batch.obs)
     logp = dist.log_prob(batch.actions)
     approx_kl = math.nan
+    advantages = batch.advantages
+    if norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     if clip_ratio > 0:
         log_ratio = logp - batch.logp_old
         ratio = torch.exp(log_ratio)
         clipped = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
-        policy_loss = -torch.min(ratio * batch.advantages, clipped * batch.advantages).mean()
+        policy_loss = -torch.min(ratio * advantages, clipped * advantages).mean()
         with torch.no_grad():
             approx_kl = ((ratio - 1.0) - log_ratio).mean().item()
     else:
-        policy_loss = -(logp * batch.advantages).mean()
-    value_loss = 0.5 * (batch.returns - value).pow(2).mean()
+        policy_loss = -(logp * advantages).mean()
+    if clip_vloss:
+        old = batch.values
+        kept = old + torch.clamp(value - old, -clip_ratio, clip_ratio)
+        value_loss = 0.5 * torch.max((value - batch.returns).pow(2),
+                                     (kept - batch.returns).pow(2)).mean()
+    else:
+        value_loss = 0.5 * (batch.returns - value).pow(2).mean()
     entropy = dist.entropy().mean()
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
     return loss, {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(),

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Independent, Normal
 
+from .normalize import ObsNormalizer
+
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 
@@ -32,10 +34,14 @@ def mlp(sizes_in: int, hidden: list[int], out: int, activation: str, layer_norm:
 
 
 class ActorCritic(nn.Module):
-    """Separate policy and value MLPs; categorical or diagonal-Gaussian policy."""
+    """Separate policy and value MLPs; categorical or diagonal-Gaussian policy, whose
+    log standard deviation is a parameter of its own (state-independent), starting at
+    ``init_log_std``.  With ``obs_norm`` both networks first normalize the observation
+    (one :class:`ObsNormalizer`, whose statistics the learner loads)."""
 
     def __init__(self, obs_space: gymnasium.Space, act_space: gymnasium.Space,
-                 hidden: list[int], activation: str = "tanh", layer_norm: bool = False) -> None:
+                 hidden: list[int], activation: str = "tanh", layer_norm: bool = False,
+                 init_log_std: float = -0.5, obs_norm: bool = False) -> None:
         super().__init__()
         obs_dim = int(np.prod(obs_space.shape))
         self.discrete = isinstance(act_space, gymnasium.spaces.Discrete)
@@ -43,12 +49,16 @@ class ActorCritic(nn.Module):
             act_out = int(act_space.n)
         elif isinstance(act_space, gymnasium.spaces.Box):
             act_out = int(np.prod(act_space.shape))
-            self.log_std = nn.Parameter(torch.full((act_out,), -0.5))
+            self.log_std = nn.Parameter(torch.full((act_out,), float(init_log_std)))
         else:
             raise ValueError(f"action space {act_space} is not supported; "
                              "allowed: Discrete or Box")
         self.policy = mlp(obs_dim, hidden, act_out, activation, layer_norm, out_gain=0.01)
         self.value = mlp(obs_dim, hidden, 1, activation, layer_norm, out_gain=1.0)
+        self.obs_norm = ObsNormalizer((obs_dim,)) if obs_norm else None
+        if obs_norm:              # no parameters: the flat buffer's layout is unchanged
+            self.policy = nn.Sequential(self.obs_norm, *self.policy)
+            self.value = nn.Sequential(self.obs_norm, *self.value)
 
     def dist(self, obs: torch.Tensor):
         out = self.policy(obs)
