@@ -56,7 +56,8 @@ class Design:
     serving: Callable[[object], tuple[str, ...]]
     #: the role of every other rank: ``worker`` (computes gradients) or ``actor``
     experience_role: str = "worker"
-    #: the learner it trains: ``actor-critic`` (A2C/PPO, V-trace) or ``dqn``
+    #: the learner it trains: ``actor-critic`` (A2C/PPO, V-trace) or ``replay`` (from
+    #: replayed n-step transitions: double DQN for a Discrete action space, SAC for Box)
     learner: str = "actor-critic"
     #: the gymnasium action spaces its learner takes
     action_spaces: tuple[str, ...] = ("Discrete", "Box")
@@ -170,7 +171,7 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "prioritized transitions to the replays, batches to the learner, priorities "
            "back, parameters to actors",
            serving=lambda cfg: ("learner", *("replay",) * cfg.replay_ranks),
-           experience_role="actor", learner="dqn", action_spaces=("Discrete",),
+           experience_role="actor", learner="replay",
            deciding=lambda cfg, size: list(range(1 + cfg.replay_ranks)),
            ledgers=("transitions", "lag"), lagged=True,
            options=("replay_ranks", "train_intensity", "actor_refresh_steps")),
@@ -178,7 +179,7 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "ranks 0..S-1 hold parameter shards (--servers S), the others learn n-step "
            "double DQN from a local replay or replay ranks (--gorila-replay): Gorila",
            "gradient shards up, parameter shards back, each shard on its own",
-           serving=_gorila_serving, learner="dqn", action_spaces=("Discrete",),
+           serving=_gorila_serving, learner="replay",
            deciding=_gorila_deciding, ledgers=("gradients", "transitions"),
            options=("servers", "gorila_replay", "replay_ranks")),
 )}

@@ -58,7 +58,7 @@ def test_deciding_ranks_and_replayable_designs():
 
 def test_derived_tables_come_from_the_rows():
     assert ACTOR_LEARNER_MODES == ("impala", "seed", "ga3c", "apex")
-    assert registry.modes(learner="dqn") == ("apex", "gorila")
+    assert registry.modes(learner="replay") == ("apex", "gorila")
     assert registry.design("apex").summary_fields()[:2] == ("transitions_sent",
                                                            "transitions_inserted")
     with pytest.raises(KeyError, match="registered: sync, async"):

@@ -101,7 +101,13 @@ def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
          "--replay-ranks", "2"],
      "replay_ranks=2 with 5 ranks leaves 1 workers, and every replay rank needs one; "
      "allowed: 1..1"),
-    (3, ["--mode", "apex", "--env", "Pendulum-v1"], "a discrete action space"),
+    (3, ["--mode", "apex", "--env", "Pendulum-v1", "--dueling"],
+     "dueling=True is an option of double DQN; env='Pendulum-v1' has a Box action space, "
+     "which selects SAC; allowed: SAC's --tau, --init-alpha, --target-entropy"),
+    (3, ["--mode", "gorila", "--tau", "0.01"],
+     "tau=0.01 is an option of SAC; env='CartPole-v1' has a Discrete action space, which "
+     "selects double DQN; allowed: double DQN's --dueling, --apex-eps, --apex-eps-alpha, "
+     "--target-update"),
     (2, ["--mode", "seed", "--learner-device", "cuda"],
      "learner_device='cuda' but torch sees no GPU on this machine; allowed here: cpu"),
 ])

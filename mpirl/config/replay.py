@@ -41,6 +41,12 @@ class ReplayFields:
     apex_eps: float = doc("apex: per-actor epsilon base: actor i of N acts with "
                            "eps**(1 + alpha*i/(N-1))", default=0.4)
     apex_eps_alpha: float = doc("apex: per-actor epsilon exponent alpha", default=7.0)
+    tau: float = doc("apex/gorila with SAC (Box actions): Polyak step of the target "
+                      "critics after every update", default=0.005)
+    init_alpha: float = doc("apex/gorila with SAC: initial temperature (learnt towards the "
+                             "target entropy)", default=1.0)
+    target_entropy: float = doc("apex/gorila with SAC: the temperature's target entropy; "
+                                 "0 = -dim(action space)", default=0.0)
     servers: int = doc("gorila, async: parameter-server ranks (0..S-1) holding contiguous "
                         "shards of the flat parameter vector", default=1)
     gorila_replay: str = doc("gorila: 'local' (each actor-learner's own replay) or "
@@ -61,7 +67,9 @@ def check_replay(cfg, world_size: int) -> None:
     in_range("replay_eps", cfg.replay_eps, 0.0, 1.0, low_open=True)
     in_range("apex_eps", cfg.apex_eps, 0.0, 1.0)
     design = registry.design(cfg.mode)
-    if design.learner == "dqn":
+    in_range("tau", cfg.tau, 0.0, 1.0, low_open=True)
+    in_range("init_alpha", cfg.init_alpha, 0.0, 1e6, low_open=True)
+    if design.learner == "replay":
         shards = design.serving(cfg).count("replay") or 1
         if cfg.replay_capacity // shards < cfg.replay_batch:
             raise ConfigError(
@@ -69,33 +77,58 @@ def check_replay(cfg, world_size: int) -> None:
                 f"{cfg.replay_capacity // shards} each, less than replay_batch="
                 f"{cfg.replay_batch}; allowed: replay_capacity >= "
                 f"{shards * cfg.replay_batch}")
-        _check_discrete(cfg)
+        _check_replay_learner(cfg)
     _check_servers(cfg, world_size)
 
 
-def _check_discrete(cfg) -> None:
-    """A Q-network needs a discrete action space (unknown env ids: check_env says so)."""
+#: each replay learner's own options and their defaults: given to the other learner,
+#: they are refused
+REPLAY_LEARNERS = {
+    "Discrete": ("double DQN", {"dueling": False, "apex_eps": 0.4, "apex_eps_alpha": 7.0,
+                                "target_update": 100}),
+    "Box": ("SAC", {"tau": 0.005, "init_alpha": 1.0, "target_entropy": 0.0}),
+}
+
+
+def _check_replay_learner(cfg) -> None:
+    """The action space selects the learner (Discrete: double DQN, Box: SAC); the other
+    learner's options keep their defaults (unknown env ids: check_env says so)."""
+    space = _action_space(cfg)
+    if space is None:
+        return
+    if space not in REPLAY_LEARNERS:
+        raise ConfigError(f"mode={cfg.mode!r} learns double DQN (Discrete actions) or SAC "
+                          f"(Box actions); env={cfg.env!r} has a {space} action space; "
+                          "allowed: an env with a Discrete or Box action space")
+    learner, own = REPLAY_LEARNERS[space]
+    for other, (other_learner, options) in REPLAY_LEARNERS.items():
+        for name, default in options.items():
+            if other != space and getattr(cfg, name) != default:
+                raise ConfigError(
+                    f"{name}={getattr(cfg, name)!r} is an option of {other_learner}; "
+                    f"env={cfg.env!r} has a {space} action space, which selects "
+                    f"{learner}; allowed: {learner}'s "
+                    f"{', '.join('--' + n.replace('_', '-') for n in own)}")
+
+
+def _action_space(cfg) -> str | None:
+    """The name of the env's action space's class (None: not known here)."""
     import gymnasium
 
     from ..parts.envs import check_env_args   # registers L2Run-v0 and Delay-v0
 
     if cfg.env not in gymnasium.registry:
-        return
+        return None
     if cfg.env == "L2Run-v0":
-        space = "Box (muscle excitations)"           # not built here: OpenSim is slow
-    else:
-        try:
-            check_env_args(cfg.env, cfg.env_kwargs())
-        except ValueError:
-            return                                   # check_env names the argument
-        env = gymnasium.make(cfg.env, **cfg.env_kwargs())
-        space = env.action_space
-        env.close()
-        if isinstance(space, gymnasium.spaces.Discrete):
-            return
-    raise ConfigError(f"mode={cfg.mode!r} learns a Q-network and needs a discrete action "
-                      f"space; env={cfg.env!r} has {space}; allowed: an env with a Discrete "
-                      "action space, e.g. CartPole-v1 or Delay-v0 with --env-arg actions=5")
+        return "Box"                                 # not built here: OpenSim is slow
+    try:
+        check_env_args(cfg.env, cfg.env_kwargs())
+    except ValueError:
+        return None                                  # check_env names the argument
+    env = gymnasium.make(cfg.env, **cfg.env_kwargs())
+    space = type(env.action_space).__name__
+    env.close()
+    return space
 
 
 def _check_servers(cfg, world_size: int) -> None:

@@ -60,13 +60,14 @@ from ..kit.common import Episodes, Summary, build_dqn, start_replica
 from ..kit.replayservice import BlockSender, ReplayRank, SampleClient
 from ..parts.actor import Actor
 from ..parts.records import Fields
-from ..parts.learner.dqn import DqnLearner, EpsilonGreedy, apex_epsilon, nstep_transitions
+from ..parts.learner.dqn import DqnLearner, nstep_transitions
 from ..parts.replay import beta_at
 from ..parts.transitions import BATCH_META, TransitionLayout, as_batch
 from ..resilience.guard import Guard
 from ..resilience.schedule import Schedule, ScheduleDiverged
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
+from ..telemetry.schema import LOSSES
 from ..telemetry.timing import PhaseTimer, add_phases
 
 REQUEST_META = Fields("index", "env_steps", "episodes", "return_sum", "recent_mean", "stop")
@@ -77,7 +78,7 @@ def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     first_actor = 1 + shards
     learner, actor = start_replica(cfg, comm, with_actor=rank >= first_actor, build=build_dqn)
     layout = TransitionLayout(learner.obs_space.shape, cfg.rollout_steps * cfg.num_envs,
-                              cfg.replay_batch)
+                              cfg.replay_batch, learner.action_shape)
     actors = list(range(first_actor, size))
     if rank == 0:
         part = ApexLearner(cfg, comm, learner, layout, actors, run_dir)
@@ -106,10 +107,9 @@ class ApexActor:
         self.cfg, self.comm, self.learner, self.actor, self.layout = (cfg, comm, learner,
                                                                       actor, layout)
         n_actors = comm.Get_size() - 1 - cfg.replay_ranks
-        self.epsilon = apex_epsilon(index, n_actors, cfg.apex_eps, cfg.apex_eps_alpha)
         self.greediest = index == n_actors - 1      # its returns judge --target-return
         generator = torch.Generator().manual_seed(cfg.seed + 10000 * comm.Get_rank() + 1)
-        self.policy = EpsilonGreedy(learner.model, self.epsilon, generator)
+        self.policy = learner.actor_policy(index, n_actors, generator)
         self.to_replay = BlockSender(comm, replay, layout, cfg.wait_timeout_s)
         self.to_learner = ChannelClient(comm, 0)
         self.request = np.zeros(1, dtype=[("meta", "f8", (len(REQUEST_META),))])
@@ -295,14 +295,13 @@ class ApexLearner:
         parts, td = learner.gradient(batch, timer)
         learner.apply(timer)
         self.version += 1
-        if self.version % cfg.target_update == 0:
-            learner.sync_target()
+        learner.update_target(self.version)
         sampler.owe(*slots, td)                # sent with the next request (one batch late)
         add_phases(self.phases, self.log.record(
             self.version, timer, param_version=self.version,
             policy_lag=float(np.mean(lag)), policy_lag_max=int(max(lag)),
             sampled=cfg.replay_batch, prio_updates=cfg.replay_batch,
-            value_loss=parts["value_loss"]))
+            **{k: v for k, v in parts.items() if k in LOSSES}))
         if self.version % cfg.log_every == 0:
             self.book.report(self.progress, self.version, self.lags)
         self._check_stop()

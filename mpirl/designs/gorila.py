@@ -59,12 +59,12 @@ from ..kit.common import Episodes, Summary, build_dqn
 from ..kit.pushpull import PUSH_META
 from ..kit.replayservice import BlockSender, SampleClient, replay_warmup
 from ..kit.shards import GORILA_META, ShardComms, run_sharded
-from ..parts.learner.dqn import EpsilonGreedy, apex_epsilon
 from ..parts.replay import PrioritizedReplay, beta_at
 from ..parts.transitions import BATCH_META, TransitionLayout, as_batch, fill
 from ..resilience.guard import Guard
 from ..resilience.schedule import BATCH, Schedule
 from ..telemetry.runlog import RunLogger
+from ..telemetry.schema import LOSSES
 from ..telemetry.timing import PhaseTimer, add_phases
 
 
@@ -206,8 +206,7 @@ class GorilaWorker:
         self.memory = memory
         index = sps.rank - sps.servers
         generator = torch.Generator().manual_seed(cfg.seed + 10000 * comm.Get_rank() + 1)
-        self.policy = EpsilonGreedy(learner.model, apex_epsilon(
-            index, len(sps.workers), cfg.apex_eps, cfg.apex_eps_alpha), generator)
+        self.policy = learner.actor_policy(index, len(sps.workers), generator)
         self.greediest = index == len(sps.workers) - 1   # judges --target-return
         self.episodes = Episodes()
         self.owed = np.zeros(3)
@@ -291,12 +290,11 @@ class GorilaWorker:
             ps.push(learner.grad, meta)
             self.pushes += 1
             alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
-        if self.pushes % cfg.target_update == 0:
-            learner.sync_target()
+        learner.update_target(self.pushes)
         add_phases(self.phases, self.log.record(
             self.pushes, timer, env_steps=int(self.owed[0]), inserted=self.inserted,
             sampled=cfg.replay_batch, replay_size=self.memory.size(),
-            value_loss=losses["value_loss"]))
+            **{k: v for k, v in losses.items() if k in LOSSES}))
         self.owed[:] = 0.0
         self.inserted = 0
         return alive

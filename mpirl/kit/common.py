@@ -9,6 +9,7 @@ import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
+import gymnasium
 import numpy as np
 from mpi4py import MPI
 
@@ -18,6 +19,7 @@ from ..parts.actor import Actor
 from ..parts.envs import make_envs
 from ..parts.learner import Learner
 from ..parts.learner.dqn import DqnLearner
+from ..parts.learner.sac import SacLearner
 from . import ledger
 
 
@@ -33,11 +35,15 @@ def build_replica(cfg, rank: int, *, with_actor: bool = True) -> tuple[Learner, 
     return learner, Actor(envs, env_seed, slowdown=cfg.slowdown_of(rank))
 
 
-def build_dqn(cfg, rank: int, *, with_actor: bool) -> tuple[DqnLearner, Actor | None]:
-    """This rank's DQN learner (the same initial network everywhere) and its actor."""
+def build_dqn(cfg, rank: int, *, with_actor: bool) -> tuple[DqnLearner | SacLearner,
+                                                            Actor | None]:
+    """This rank's replay learner (the same initial networks everywhere): DQN for a
+    Discrete action space, SAC for a Box one; and its actor."""
     env_seed = cfg.seed + 10000 * rank
     envs = make_envs(cfg.env, cfg.num_envs, env_seed, cfg.action_repeat, cfg.env_kwargs())
-    learner = DqnLearner(cfg, envs.single_observation_space, envs.single_action_space)
+    space = envs.single_action_space
+    kind = SacLearner if isinstance(space, gymnasium.spaces.Box) else DqnLearner
+    learner = kind(cfg, envs.single_observation_space, space)
     if not with_actor:
         envs.close()
         return learner, None

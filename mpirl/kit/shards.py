@@ -48,7 +48,7 @@ def run_sharded(cfg: Config, comm: MPI.Comm, run_dir: Path, *, make_worker, buil
     learner, actor = start_replica(cfg, comm, with_actor=rank >= first_worker, build=build)
     comms = ShardComms(comm, servers, replays)
     layout = TransitionLayout(learner.obs_space.shape, cfg.num_envs * cfg.rollout_steps,
-                              cfg.replay_batch) if transitions else None
+                              cfg.replay_batch, learner.action_shape) if transitions else None
     part, sps = _make_part(cfg, comms, learner, actor, layout, make_worker, run_dir)
     part.run()
     summary = Summary.of(cfg, size, learner)
@@ -136,8 +136,8 @@ class ShardServer:
         self.opt = ShardOptimizer(self.params, cfg.lr)
         self.policy = AsyncPolicy()
         self.decides = sps.shard == 0
-        # a DQN design is judged on its greediest worker alone (the others explore)
-        judges = 1 if cfg.design.learner == "dqn" else len(self.ps.workers)
+        # a replay design is judged on its greediest worker alone (the others explore)
+        judges = 1 if cfg.design.learner == "replay" else len(self.ps.workers)
         self.book = ServerBook(cfg, self.ps.workers, sps.size, judges)
         self.active = set(self.ps.workers)
         self.received = {w: 0 for w in self.ps.workers}

@@ -33,11 +33,14 @@ BATCH_META = Fields("count", "inserted", "stored", "evicted", "sampled")
 
 class TransitionLayout:
     """Record dtypes for observations of ``obs_shape``: blocks of ``block_size``
-    transitions (actor -> replay) and batches of ``batch`` (replay -> learner)."""
+    transitions (actor -> replay) and batches of ``batch`` (replay -> learner).  An
+    action is an index (``action_shape`` ``()``: DQN) or a float vector (SAC)."""
 
-    def __init__(self, obs_shape: tuple[int, ...], block_size: int, batch: int) -> None:
+    def __init__(self, obs_shape: tuple[int, ...], block_size: int, batch: int,
+                 action_shape: tuple[int, ...] = ()) -> None:
         self.obs_shape, self.block_size, self.batch = tuple(obs_shape), block_size, batch
-        self.transition = np.dtype([("obs", "f4", self.obs_shape), ("action", "i4"),
+        action = ("action", "i4") if not action_shape else ("action", "f4", tuple(action_shape))
+        self.transition = np.dtype([("obs", "f4", self.obs_shape), action,
                                     ("ret", "f4"), ("disc", "f4"),
                                     ("next_obs", "f4", self.obs_shape), ("prio", "f4"),
                                     ("version", "i4")])
@@ -70,11 +73,13 @@ def fill(records: np.ndarray, transitions: dict, priorities: np.ndarray, version
 
 
 def as_batch(trans: np.ndarray, weights: np.ndarray | None = None) -> dict[str, torch.Tensor]:
-    """Tensors for :meth:`mpirl.parts.learner.dqn.DqnLearner.gradient` from transition
+    """Tensors for a replay learner's ``gradient`` (DQN's or SAC's) from transition
     records (copied once, out of the message buffer)."""
     n = len(trans)
     return {"obs": torch.from_numpy(np.ascontiguousarray(trans["obs"])),
-            "action": torch.from_numpy(trans["action"].astype(np.int64)),
+            "action": torch.from_numpy(trans["action"].astype(np.int64)
+                                       if trans["action"].dtype.kind == "i"
+                                       else np.ascontiguousarray(trans["action"])),
             "ret": torch.from_numpy(np.ascontiguousarray(trans["ret"])),
             "disc": torch.from_numpy(np.ascontiguousarray(trans["disc"])),
             "next_obs": torch.from_numpy(np.ascontiguousarray(trans["next_obs"])),

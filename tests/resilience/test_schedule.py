@@ -1,7 +1,7 @@
 """Reproducible asynchronous runs under mpiexec: a run replayed with its recorded order
 of events ends with the recorded parameter SHA-256 (async, quorum, impala, gorila with 2
 shards, seed, ga3c at 4 ranks, apex with 2 replay ranks and gorila with 2 shards and a
-replay rank at 5, with a straggler so that the order is not the trivial one); a replay of
+replay rank at 5, apex and gorila learning SAC on Pendulum, with a straggler so that the order is not the trivial one); a replay of
 another configuration, rank count or design is refused at start."""
 
 from __future__ import annotations
@@ -26,10 +26,16 @@ RUNS = {"async": ["--mode", "async", "--topology", "star"],
                  "--replay-batch", "32", "--straggler", "4:2"],
         "gorila-service": ["--mode", "gorila", "--gorila-replay", "service", "--servers", "2",
                            "--learning-starts", "64", "--replay-batch", "32",
-                           "--straggler", "4:2"]}
+                           "--straggler", "4:2"],
+        # SAC, the replay designs' learner for Box actions
+        "apex-sac": ["--mode", "apex", "--env", "Pendulum-v1", "--replay-ranks", "2",
+                     "--learning-starts", "64", "--replay-batch", "32", "--straggler", "4:2"],
+        "gorila-sac": ["--mode", "gorila", "--env", "Pendulum-v1", "--servers", "2",
+                       "--learning-starts", "64", "--replay-batch", "32",
+                       "--straggler", "3:2"]}
 #: ranks per run (4 unless named) and the deciding ranks' schedule files (1 unless named)
-RANKS = {"apex": 5, "gorila-service": 5}
-FILES = {"gorila": 2, "apex": 3, "gorila-service": 5}
+RANKS = {"apex": 5, "gorila-service": 5, "apex-sac": 5}
+FILES = {"gorila": 2, "apex": 3, "gorila-service": 5, "apex-sac": 3, "gorila-sac": 2}
 #: the modes whose rank 0 takes every actor's messages (the straggler's order is seen)
 ROUND_ROBIN_BROKEN = ("async", "quorum", "impala", "seed")
 

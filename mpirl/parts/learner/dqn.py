@@ -144,6 +144,9 @@ class DqnLearner(FlatLearner):
         self.opt = FlatAdam(self.flat.flat, lr=cfg.lr)
         self.n_step, self.gamma = int(cfg.n_step), float(cfg.gamma)
 
+    #: what a transition's action is: an index
+    action_shape: tuple[int, ...] = ()
+
     @property
     def target_params(self) -> np.ndarray:
         """The target network's parameters as one flat numpy buffer."""
@@ -152,6 +155,16 @@ class DqnLearner(FlatLearner):
     def sync_target(self) -> None:
         """Copy the online parameters into the target network."""
         self.target_flat.param_np[:] = self.flat.param_np
+
+    def update_target(self, version: int) -> None:
+        """After update ``version``: the target is copied every ``--target-update``."""
+        if version % self.cfg.target_update == 0:
+            self.sync_target()
+
+    def actor_policy(self, index: int, n_actors: int, generator: torch.Generator):
+        """Actor ``index`` of ``n_actors`` acts epsilon-greedily with Ape-X's epsilon."""
+        return EpsilonGreedy(self.model, apex_epsilon(index, n_actors, self.cfg.apex_eps,
+                                                      self.cfg.apex_eps_alpha), generator)
 
     def transitions(self, rollout, last_obs: torch.Tensor) -> dict[str, torch.Tensor]:
         """The ``cfg.n_step`` transitions of a :class:`~mpirl.parts.actor.Rollout`
