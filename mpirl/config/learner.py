@@ -55,6 +55,7 @@ class LearnerFields:
                             default=False)
     init_log_std: float = doc("initial log std of a Box policy (state-independent)",
                                default=-0.5)
+    adam_eps: float = doc("Adam's epsilon (CleanRL's PPO: 1e-5)", default=1e-8)
 
 
 def check_learner(cfg, world_size: int) -> None:
@@ -73,6 +74,7 @@ def check_learner(cfg, world_size: int) -> None:
                           f"{batch} steps (rollout_steps x num_envs); allowed: a divisor "
                           f"of {batch}")
     in_range("init_log_std", cfg.init_log_std, -5.0, 2.0)
+    in_range("adam_eps", cfg.adam_eps, 0.0, 1.0, low_open=True)
     if cfg.clip_vloss and cfg.clip_ratio == 0:
         raise ConfigError("clip_vloss=True clips by --clip-ratio, which is 0; allowed: "
                           "--clip-ratio above 0 with it (0.2 is CleanRL's)")

@@ -44,3 +44,4 @@ def test_the_reference_configuration_is_cleanrls():
     assert (cfg.update_repeat, cfg.lr, cfg.clip_ratio, cfg.entropy_coef) == (10, 3e-4, 0.2, 0)
     assert cfg.norm_adv and cfg.obs_norm and cfg.reward_norm and cfg.anneal_lr
     assert cfg.clip_vloss and cfg.init_log_std == 0.0 and cfg.max_grad_norm == 0.5
+    assert cfg.adam_eps == 1e-5

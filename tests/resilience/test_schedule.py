@@ -1,8 +1,9 @@
 """Reproducible asynchronous runs under mpiexec: a run replayed with its recorded order
 of events ends with the recorded parameter SHA-256 (async, quorum, impala, gorila with 2
 shards, seed, ga3c at 4 ranks, apex with 2 replay ranks and gorila with 2 shards and a
-replay rank at 5, apex and gorila learning SAC on Pendulum, with a straggler so that the order is not the trivial one); a replay of
-another configuration, rank count or design is refused at start."""
+replay rank at 5, apex and gorila learning SAC on Pendulum, with a straggler so that the
+order is not the trivial one); a replay of another configuration, rank count or design is
+refused at start."""
 
 from __future__ import annotations
 

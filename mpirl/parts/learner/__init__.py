@@ -112,7 +112,7 @@ class Learner(FlatLearner):
                                  cfg.layer_norm, init_log_std=cfg.init_log_std,
                                  obs_norm=cfg.obs_norm)
         self.flat = FlatParams(self.model)
-        self.opt = FlatAdam(self.flat.flat, lr=cfg.lr)
+        self.opt = FlatAdam(self.flat.flat, lr=cfg.lr, eps=cfg.adam_eps)
         #: --obs-norm: the statistics the model normalizes with, and the last batch's
         #: own (which the design merges, over the ranks that agree on them)
         self.obs_stats = Moments(self.model.obs_norm.mean.shape) if cfg.obs_norm else None
