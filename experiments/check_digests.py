@@ -47,6 +47,15 @@ CASES: dict[str, tuple[int, list[str], bool]] = {
     "gorila-service-5r": (5, ["--mode", "gorila", "--servers", "2", "--gorila-replay",
                               "service", "--learning-starts", "500", "--replay-batch", "64",
                               "--total-steps", "4000"], True),
+    # the replay designs' learners on Box actions (SAC) and sync-replay with both
+    **{f"{mode}-{env[:4].lower()}-{n}r": (n, ["--mode", mode, "--env", env, *flags,
+                                              "--learning-starts", "300", "--replay-batch",
+                                              "64", "--total-steps", "1500"], mode != "sync-replay")
+       for mode, env, n, flags in (
+           ("sync-replay", "CartPole-v1", 3, ["--topology", "ring"]),
+           ("sync-replay", "Pendulum-v1", 3, ["--max-grad-norm", "0"]),
+           ("apex", "Pendulum-v1", 4, ["--max-grad-norm", "0"]),
+           ("gorila", "Pendulum-v1", 3, ["--max-grad-norm", "0"]))},
     # the stop rule with a target reached early (the deciding rank's book)
     **{f"{mode}-target-{n}r": (n, ["--mode", mode, *flags, "--target-return", "22",
                                    "--log-every", "5", "--total-steps", "60000"], True)

@@ -132,6 +132,14 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "every rank's gradient, averaged by the topology's allreduce",
            serving=lambda cfg: (), ledgers=("gradients",), topology_use="allreduce",
            checkpoints="replica", shrinkable=True, options=PPO_OPTIONS),
+    Design("sync-replay", "mpirl.designs.syncreplay:run_sync_replay",
+           "every rank acts into its own replay and learns from it; the gradients are "
+           "averaged by the topology's allreduce: the book's multi-process SAC (DQN for "
+           "Discrete actions)",
+           "every rank's gradient, averaged by the topology's allreduce; transitions stay "
+           "on their rank",
+           serving=lambda cfg: (), learner="replay", ledgers=("gradients", "transitions"),
+           topology_use="allreduce"),
     Design("async", "mpirl.designs.paramserver:run_async",
            "rank 0 is a parameter server that applies each worker's gradient on arrival and "
            "answers that worker alone: A3C; --servers S shards it",

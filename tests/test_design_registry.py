@@ -15,7 +15,8 @@ from mpirl.resilience.schedule import REPLAYABLE, deciding_ranks
 from mpirl.telemetry.schema import ACTOR_LEARNER_MODES
 
 #: the wiring each design module builds (written out once here, as the modules read)
-SERVING = {"sync": lambda c: 0, "async": lambda c: c.servers, "quorum": lambda c: 1,
+SERVING = {"sync": lambda c: 0, "sync-replay": lambda c: 0, "async": lambda c: c.servers,
+           "quorum": lambda c: 1,
            "impala": lambda c: c.learners, "seed": lambda c: 1, "ga3c": lambda c: 2,
            "apex": lambda c: 1 + c.replay_ranks,
            "gorila": lambda c: c.servers + (c.replay_ranks if c.gorila_replay == "service"
@@ -47,7 +48,9 @@ def test_roles_place_the_serving_ranks_first_and_count_the_rest(cfg):
 
 
 def test_deciding_ranks_and_replayable_designs():
-    assert "sync" not in REPLAYABLE and set(REPLAYABLE) == set(registry.MODES) - {"sync"}
+    deterministic = {"sync", "sync-replay"}
+    assert not deterministic & set(REPLAYABLE)
+    assert set(REPLAYABLE) == set(registry.MODES) - deterministic
     assert deciding_ranks(Config(mode="apex", replay_ranks=3), 8) == [0, 1, 2, 3]
     assert deciding_ranks(Config(mode="ga3c"), 5) == [1]
     assert deciding_ranks(Config(mode="gorila", servers=2), 6) == [0, 1]
@@ -58,10 +61,10 @@ def test_deciding_ranks_and_replayable_designs():
 
 def test_derived_tables_come_from_the_rows():
     assert ACTOR_LEARNER_MODES == ("impala", "seed", "ga3c", "apex")
-    assert registry.modes(learner="replay") == ("apex", "gorila")
+    assert registry.modes(learner="replay") == ("sync-replay", "apex", "gorila")
     assert registry.design("apex").summary_fields()[:2] == ("transitions_sent",
                                                            "transitions_inserted")
-    with pytest.raises(KeyError, match="registered: sync, async"):
+    with pytest.raises(KeyError, match="registered: sync, sync-replay, async"):
         registry.design("eventual")
 
 

@@ -57,10 +57,11 @@ from ..config import Config
 from ..errors import AccountingError
 from ..kit.common import Episodes, Summary, build_dqn
 from ..kit.pushpull import PUSH_META
+from ..kit.memory import LocalMemory
 from ..kit.replayservice import BlockSender, SampleClient, replay_warmup
 from ..kit.shards import GORILA_META, ShardComms, run_sharded
-from ..parts.replay import PrioritizedReplay, beta_at
-from ..parts.transitions import BATCH_META, TransitionLayout, as_batch, fill
+from ..parts.replay import beta_at
+from ..parts.transitions import BATCH_META, TransitionLayout, as_batch
 from ..resilience.guard import Guard
 from ..resilience.schedule import BATCH, Schedule
 from ..telemetry.runlog import RunLogger
@@ -81,54 +82,6 @@ def _worker(cfg: Config, comms: ShardComms, sps: ShardedParameterServer, learner
                             run_dir)
               if comms.replays else LocalMemory(cfg, layout, rank, len(comms.workers)))
     return GorilaWorker(cfg, comms.world, sps, learner, actor, memory, run_dir)
-
-
-class LocalMemory:
-    """``--gorila-replay local``: the worker's own prioritized replay."""
-
-    def __init__(self, cfg: Config, layout: TransitionLayout, rank: int, workers: int) -> None:
-        self.cfg = cfg
-        self.replay = PrioritizedReplay(cfg.replay_capacity, layout.transition,
-                                        alpha=cfg.replay_alpha, eps=cfg.replay_eps)
-        self.block = np.zeros(layout.block_size, dtype=layout.transition)
-        self.sample = np.zeros(cfg.replay_batch, dtype=layout.transition)
-        self.rng = np.random.default_rng(cfg.seed + 10000 * rank)
-        self.warmup = max(cfg.replay_batch, cfg.learning_starts // workers)
-        self.slots: tuple = ()
-        self.sent = self.prio_sent = 0
-        self.channels: tuple = ()         # no traffic: the memory is in this process
-
-    def insert(self, trans: dict, prios: np.ndarray, version: int, timer) -> int:
-        n = fill(self.block, trans, prios, version)
-        self.replay.add(self.block[:n], prios)
-        self.sent += n
-        return n
-
-    def batch(self, beta: float, timer) -> dict | None:
-        """A batch to learn from, or None while the replay is below its warm-up."""
-        if len(self.replay) < self.warmup:
-            return None
-        idx, stamps, weights = self.replay.sample(self.cfg.replay_batch, self.rng, beta,
-                                                  out=self.sample)
-        self.slots = (idx, stamps)
-        return as_batch(self.sample, weights)
-
-    def priorities(self, td: np.ndarray, beta: float) -> None:
-        self.replay.update_priorities(*self.slots, td)
-        self.prio_sent += len(td)
-
-    def size(self) -> int:
-        return len(self.replay)
-
-    def leave(self, timer) -> None:
-        pass
-
-    def counts(self) -> dict:
-        r = self.replay
-        return {"transitions_sent": self.sent, "transitions_inserted": r.inserted,
-                "replay_stored": len(r), "replay_evicted": r.evicted,
-                "transitions_sampled": r.sampled, "priority_sent": self.prio_sent,
-                "priority_updates": r.updated, "priority_stale": r.stale_updates}
 
 
 class ServiceMemory:

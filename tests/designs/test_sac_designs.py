@@ -1,11 +1,13 @@
 """SAC in the replay designs under mpiexec: gorila learns Pendulum (one server, one
-worker: one update per env step, a deterministic order), apex runs it over replay ranks
+worker: one update per env step, a deterministic order); sync-replay keeps its replicas
+identical with SAC and with DQN at 3 ranks; apex runs it over replay ranks
 (two actors) with every transition accounted for."""
 
 from __future__ import annotations
 
 import h5py
 import numpy as np
+import pytest
 
 from conftest import train
 
@@ -39,3 +41,18 @@ def test_apex_runs_sac_over_replay_ranks(tmp_path):
     # the learner logs SAC's losses: critic (value), actor (policy) and the entropy
     assert np.isfinite(rows["value_loss"]).all() and np.isfinite(rows["policy_loss"]).all()
     assert np.isfinite(rows["entropy"]).all()
+
+
+@pytest.mark.parametrize("env, extra", [("Pendulum-v1", []),
+                                        ("CartPole-v1", ["--dueling"])], ids=["sac", "dqn"])
+def test_sync_replay_keeps_replicas_identical_with_their_own_replays(tmp_path, env, extra):
+    # 3 ranks, each its own replay: the averaged gradients and targets keep the replicas
+    # byte-identical (checked every 10 updates), every transition stays where it was made
+    args = [a if a != "Pendulum-v1" else env for a in SAC]
+    _, s = train(tmp_path, 3, "--mode", "sync-replay", *args, *extra, "--total-steps", "1500",
+                 "--learning-starts", "600", "--update-repeat", "2", "--checksum-every", "10")
+    assert s["env_steps"] == 1500 and s["transitions_inserted"] == 1500
+    # warm once each replay holds 600 / 3: from the 200th rollout on, 2 updates each
+    assert s["updates"] == 2 * (500 - 200 + 1)
+    assert s["gradients_sent"] == s["gradients_applied"] == 3 * s["updates"]
+    assert s["transitions_sampled"] == 3 * 128 * s["updates"]

@@ -1,0 +1,181 @@
+"""sync-replay: every rank a replica with its own replay, its gradients averaged by the
+topology; the book's multi-process off-policy setup (SAC for Box actions, double DQN for
+Discrete).
+
+Wiring: every rank steps its envs with its own replica's policy, turns each rollout into
+n-step transitions in its own prioritized replay (:class:`~mpirl.kit.memory.LocalMemory`),
+and, once every replay holds ``--learning-starts / ranks`` transitions (the same rollout
+on every rank: their rollouts are the same size), takes ``--update-repeat`` updates per
+rollout::
+
+    batch = memory.batch(beta)                  # from this rank's replay
+    learner.gradient(batch)                     # SAC's (or DQN's) gradient
+    exchange.average(learner.grad, update)      # the whole exchange
+    learner.apply(); learner.update_target()    # the same step everywhere
+
+What travels is the gradient, one flat buffer per update, as in ``sync``; the
+transitions stay where they were made.  Identical initial parameters, averaged gradients
+and Polyak (or copied) targets keep the replicas byte-identical, checked every
+``--checksum-every`` updates.  The ledgers: every gradient applied, every transition
+inserted and stored or evicted, every priority set.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from mpi4py import MPI
+
+from ..config import Config
+from ..errors import ReplicaDivergence
+from ..kit import ledger
+from ..kit.common import (Episodes, Summary, build_dqn, close_run, comm_share,
+                          reached_target, start_replica, sum_over_ranks)
+from ..kit.memory import LocalMemory
+from ..parts.replay import beta_at
+from ..parts.transitions import TransitionLayout
+from ..resilience.guard import Guard
+from ..telemetry.progress import Progress
+from ..telemetry.runlog import RunLogger
+from ..telemetry.schema import LOSSES
+from ..telemetry.timing import PhaseTimer, add_phases
+
+
+def run_sync_replay(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
+    part = ReplayReplica(cfg, comm, run_dir)
+    learner, actor, memory = part.learner, part.actor, part.memory
+    with Guard(cfg, comm, comm.Get_rank()) as guard:
+        part.log.begin()
+        while part.budget_left():
+            guard.at(f"collecting rollout {part.rollouts + 1}")
+            rollout = actor.collect(part.policy, cfg.rollout_steps, part.timer)
+            part.store(learner.transitions(rollout, actor.obs))
+            for update in part.updates():               # none while replays warm up
+                batch = memory.batch(part.beta(), part.timer)
+                losses, td = learner.gradient(batch, part.timer)
+                with part.timer("exchange_s"):
+                    part.exchange.allreduce(learner.grad, average=True)
+                learner.apply(part.timer)
+                learner.update_target(update)
+                memory.priorities(td, part.beta())
+                part.record(update, losses)
+                guard.beat(update, "between updates")
+            if part.rollout_done() or part.exchange_stop(guard):
+                break
+    return part.finish()
+
+
+class ReplayReplica:
+    """One rank of a sync-replay run: its parts, its replay, its exchange and log, and the
+    books of the run (everything :func:`run_sync_replay` does besides the algorithm)."""
+
+    def __init__(self, cfg: Config, comm: MPI.Comm, run_dir: Path) -> None:
+        import topologies
+
+        self.cfg, self.comm, self.run_dir = cfg, comm, run_dir
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.learner, self.actor = start_replica(cfg, comm, build=build_dqn)
+        self.exchange = topologies.get(cfg.topology)(comm)
+        self.exchange.bcast(self.learner.params, root=0)       # identical start
+        self.learner.sync_target()
+        generator = torch.Generator().manual_seed(cfg.seed + 10000 * self.rank + 1)
+        self.policy = self.learner.actor_policy(self.rank, self.size, generator)
+        layout = TransitionLayout(self.learner.obs_space.shape, cfg.steps_per_batch,
+                                  cfg.replay_batch, self.learner.action_shape)
+        self.memory = LocalMemory(cfg, layout, self.rank, self.size)
+        self.timer, self.episodes = PhaseTimer(), Episodes()
+        self.rollouts = self.update = self.env_steps = 0
+        self.rollout_env_steps = 0                   # carried by the rollout's first row
+        self.phases: dict[str, float] = {}
+        self.solved = False
+        self.progress = Progress(run_dir, enabled=self.rank == 0)
+        self.log = RunLogger(cfg, comm, run_dir, role="worker")
+        self.log.watch(self.exchange, waits=(), from_zero=True)
+
+    def budget_left(self) -> bool:
+        return self.env_steps + self.size * self.cfg.steps_per_batch <= self.cfg.total_steps
+
+    def beta(self) -> float:
+        return beta_at(self.update, self.cfg.replay_beta, self.cfg.beta_anneal_steps)
+
+    def store(self, transitions: dict) -> None:
+        """The rollout's transitions, with initial priorities from this replica."""
+        with self.timer("replay_s"):
+            t = transitions
+            prios = self.learner.initial_priorities(t["obs"], t["action"], t["ret"],
+                                                    t["disc"], t["next_obs"])
+            self.memory.insert(t, prios, self.update, self.timer)
+        self.rollouts += 1
+        self.env_steps += self.size * self.cfg.steps_per_batch
+        self.rollout_env_steps = self.cfg.steps_per_batch
+
+    def updates(self):
+        """This rollout's ``--update-repeat`` update numbers, once the replay is warm
+        (the same answer on every rank: every replay holds as many transitions)."""
+        if self.memory.size() < self.memory.warmup:
+            self.log.record(self.update, self.timer, env_steps=self.rollout_env_steps,
+                            param_version=self.update, inserted=self.cfg.steps_per_batch,
+                            replay_size=self.memory.size())
+            self.rollout_env_steps = 0
+            return
+        for _ in range(self.cfg.update_repeat):
+            self.update += 1
+            yield self.update
+
+    def record(self, update: int, losses: dict) -> None:
+        add_phases(self.phases, self.log.record(
+            update, self.timer, env_steps=self.rollout_env_steps, param_version=update - 1,
+            staleness=0, inserted=self.cfg.steps_per_batch if self.rollout_env_steps else 0,
+            sampled=self.cfg.replay_batch, prio_updates=self.cfg.replay_batch,
+            replay_size=self.memory.size(), **{k: v for k, v in losses.items() if k in LOSSES}))
+        self.rollout_env_steps = 0
+        if self.cfg.checksum_every and update % self.cfg.checksum_every == 0:
+            self.check_replicas()
+
+    def rollout_done(self) -> bool:
+        """Episodes logged; a progress line when due.  True when every rank's recent
+        episodes reach ``--target-return`` (collective, the same answer everywhere)."""
+        finished = self.actor.drain_episodes()
+        self.episodes.add(finished)
+        self.log.episodes(self.update, finished)
+        if self.rollouts % self.cfg.log_every and self.budget_left():
+            return False
+        return_sum, count = sum_over_ranks(self.comm, self.episodes.take_window())
+        self.progress.report(update=self.update, env_steps=self.env_steps, episodes=count,
+                             return_sum=return_sum, comm_share=comm_share(self.phases))
+        means = [m for m in self.comm.allgather(self.episodes.recent_mean()) if m is not None]
+        self.solved = reached_target(self.cfg.target_return, means, self.size)
+        return self.solved
+
+    def exchange_stop(self, guard: Guard) -> bool:
+        """Every rank ends at the same rollout when any was signalled (collective)."""
+        return guard.stop_agreed(self.comm)
+
+    def check_replicas(self) -> None:
+        digest = self.learner.digest()
+        digests = self.comm.allgather(digest)
+        if len(set(digests)) != 1:
+            odd = [r for r, d in enumerate(digests) if d != digests[0]]
+            raise ReplicaDivergence(f"replicas diverged by update {self.update}: ranks {odd} "
+                                    "differ from rank 0 in parameters, target or optimizer")
+
+    def counts(self) -> dict:
+        # each rank's gradient is in every average it applies: sent = applied, per rank
+        return {**self.memory.counts(), "gradients_sent": self.update,
+                "gradients_applied": self.update}
+
+    def finish(self) -> Summary:
+        add_phases(self.phases, self.timer.take())
+        if self.cfg.checksum_every:
+            self.check_replicas()
+        self.progress.close()
+        summary = Summary.of(self.cfg, self.size, self.learner)
+        summary.updates, summary.env_steps = self.update, self.env_steps
+        summary.wall_s, summary.reached_target = self.progress.elapsed(), self.solved
+        summary.param_digest, summary.phase_s = self.learner.param_digest(), self.phases
+        summary.comm_share = self.comm.allreduce(comm_share(self.phases)) / self.size
+        summary.mean_staleness = 0.0 if self.update else math.nan
+        return close_run(summary, self.comm, self,
+                         ledger.GRADIENTS + ledger.TRANSITIONS, extra=("transitions_sampled",))

@@ -1,0 +1,60 @@
+"""A learner's own prioritized replay, in its process (``--gorila-replay local``, and
+every rank of ``sync-replay``): transitions inserted, batches sampled, priorities set,
+and the transition ledger's counts (:data:`mpirl.kit.ledger.TRANSITIONS`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import Config
+from ..parts.replay import PrioritizedReplay
+from ..parts.transitions import TransitionLayout, as_batch, fill
+
+
+class LocalMemory:
+    """A learner's own prioritized replay: one of ``workers`` that share
+    ``--learning-starts``, seeded by its ``rank``."""
+
+    def __init__(self, cfg: Config, layout: TransitionLayout, rank: int, workers: int) -> None:
+        self.cfg = cfg
+        self.replay = PrioritizedReplay(cfg.replay_capacity, layout.transition,
+                                        alpha=cfg.replay_alpha, eps=cfg.replay_eps)
+        self.block = np.zeros(layout.block_size, dtype=layout.transition)
+        self.sample = np.zeros(cfg.replay_batch, dtype=layout.transition)
+        self.rng = np.random.default_rng(cfg.seed + 10000 * rank)
+        self.warmup = max(cfg.replay_batch, cfg.learning_starts // workers)
+        self.slots: tuple = ()
+        self.sent = self.prio_sent = 0
+        self.channels: tuple = ()         # no traffic: the memory is in this process
+
+    def insert(self, trans: dict, prios: np.ndarray, version: int, timer) -> int:
+        n = fill(self.block, trans, prios, version)
+        self.replay.add(self.block[:n], prios)
+        self.sent += n
+        return n
+
+    def batch(self, beta: float, timer) -> dict | None:
+        """A batch to learn from, or None while the replay is below its warm-up."""
+        if len(self.replay) < self.warmup:
+            return None
+        idx, stamps, weights = self.replay.sample(self.cfg.replay_batch, self.rng, beta,
+                                                  out=self.sample)
+        self.slots = (idx, stamps)
+        return as_batch(self.sample, weights)
+
+    def priorities(self, td: np.ndarray, beta: float) -> None:
+        self.replay.update_priorities(*self.slots, td)
+        self.prio_sent += len(td)
+
+    def size(self) -> int:
+        return len(self.replay)
+
+    def leave(self, timer) -> None:
+        pass
+
+    def counts(self) -> dict:
+        r = self.replay
+        return {"transitions_sent": self.sent, "transitions_inserted": r.inserted,
+                "replay_stored": len(r), "replay_evicted": r.evicted,
+                "transitions_sampled": r.sampled, "priority_sent": self.prio_sent,
+                "priority_updates": r.updated, "priority_stale": r.stale_updates}
