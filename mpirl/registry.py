@@ -102,9 +102,9 @@ class Design:
         return tuple(f for ledger in self.ledgers for f in LEDGERS[ledger])
 
 
-#: PPO's options that act inside a worker's loss (stateless: any design whose workers
-#: learn from their own batches takes them)
-PPO_LOSS_OPTIONS = ("norm_adv", "clip_vloss")
+#: PPO's options that act inside a worker's loss, and the book's per-batch reward
+#: scaling (stateless: any design whose workers learn from their own batches takes them)
+PPO_LOSS_OPTIONS = ("norm_adv", "clip_vloss", "reward_scale")
 #: and those that need the sync loop: minibatch exchanges, statistics merged over the
 #: replicas, the budget's lr schedule, per-replica reward statistics in its checkpoint
 PPO_OPTIONS = (*PPO_LOSS_OPTIONS, "minibatches", "obs_norm", "anneal_lr", "reward_norm")

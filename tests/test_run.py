@@ -103,7 +103,8 @@ def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
      "allowed: 1..1"),
     (3, ["--mode", "apex", "--env", "Pendulum-v1", "--dueling"],
      "dueling=True is an option of double DQN; env='Pendulum-v1' has a Box action space, "
-     "which selects SAC; allowed: SAC's --tau, --init-alpha, --target-entropy"),
+     "which selects SAC; allowed: SAC's --tau, --init-alpha, --target-entropy, "
+     "--sac-reward-scale"),
     (3, ["--mode", "gorila", "--tau", "0.01"],
      "tau=0.01 is an option of SAC; env='CartPole-v1' has a Discrete action space, which "
      "selects double DQN; allowed: double DQN's --dueling, --apex-eps, --apex-eps-alpha, "

@@ -13,7 +13,8 @@ ACTIVATIONS = ("tanh", "relu", "elu")
 #: when not given): they need the design's loop (minibatch exchanges, merged statistics,
 #: the budget's schedule) or its learner's batches
 DESIGN_OPTIONS = {"minibatches": 1, "obs_norm": False, "anneal_lr": False,
-                  "norm_adv": False, "reward_norm": False, "clip_vloss": False}
+                  "norm_adv": False, "reward_norm": False, "clip_vloss": False,
+                  "reward_scale": False}
 
 
 @dataclass

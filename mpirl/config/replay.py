@@ -41,12 +41,15 @@ class ReplayFields:
     apex_eps: float = doc("apex: per-actor epsilon base: actor i of N acts with "
                            "eps**(1 + alpha*i/(N-1))", default=0.4)
     apex_eps_alpha: float = doc("apex: per-actor epsilon exponent alpha", default=7.0)
-    tau: float = doc("apex/gorila with SAC (Box actions): Polyak step of the target "
+    tau: float = doc("apex/gorila/sync-replay with SAC (Box actions): Polyak step of the target "
                       "critics after every update", default=0.005)
-    init_alpha: float = doc("apex/gorila with SAC: initial temperature (learnt towards the "
+    init_alpha: float = doc("SAC: initial temperature (learnt towards the "
                              "target entropy)", default=1.0)
-    target_entropy: float = doc("apex/gorila with SAC: the temperature's target entropy; "
+    target_entropy: float = doc("SAC: the temperature's target entropy; "
                                  "0 = -dim(action space)", default=0.0)
+    sac_reward_scale: float = doc("SAC: rewards multiplied by this in the critics' target "
+                                  "(the book's reward scaling for maximum-entropy learners: "
+                                  "the entropy's weight relative to the reward)", default=1.0)
     servers: int = doc("gorila, async: parameter-server ranks (0..S-1) holding contiguous "
                         "shards of the flat parameter vector", default=1)
     gorila_replay: str = doc("gorila: 'local' (each actor-learner's own replay) or "
@@ -69,6 +72,7 @@ def check_replay(cfg, world_size: int) -> None:
     design = registry.design(cfg.mode)
     in_range("tau", cfg.tau, 0.0, 1.0, low_open=True)
     in_range("init_alpha", cfg.init_alpha, 0.0, 1e6, low_open=True)
+    in_range("sac_reward_scale", cfg.sac_reward_scale, 0.0, 1e6, low_open=True)
     if design.learner == "replay":
         shards = design.serving(cfg).count("replay") or 1
         if cfg.replay_capacity // shards < cfg.replay_batch:
@@ -86,7 +90,8 @@ def check_replay(cfg, world_size: int) -> None:
 REPLAY_LEARNERS = {
     "Discrete": ("double DQN", {"dueling": False, "apex_eps": 0.4, "apex_eps_alpha": 7.0,
                                 "target_update": 100}),
-    "Box": ("SAC", {"tau": 0.005, "init_alpha": 1.0, "target_entropy": 0.0}),
+    "Box": ("SAC", {"tau": 0.005, "init_alpha": 1.0, "target_entropy": 0.0,
+                    "sac_reward_scale": 1.0}),
 }
 
 

@@ -87,7 +87,7 @@ class ReplayReplica:
         self.memory = LocalMemory(cfg, layout, self.rank, self.size)
         self.timer, self.episodes = PhaseTimer(), Episodes()
         self.rollouts = self.update = self.env_steps = 0
-        self.rollout_env_steps = 0                   # carried by the rollout's first row
+        self.rollout_env_steps = self.rollout_inserted = 0   # carried by its first row
         self.phases: dict[str, float] = {}
         self.solved = False
         self.progress = Progress(run_dir, enabled=self.rank == 0)
@@ -106,7 +106,7 @@ class ReplayReplica:
             t = transitions
             prios = self.learner.initial_priorities(t["obs"], t["action"], t["ret"],
                                                     t["disc"], t["next_obs"])
-            self.memory.insert(t, prios, self.update, self.timer)
+            self.rollout_inserted = self.memory.insert(t, prios, self.update, self.timer)
         self.rollouts += 1
         self.env_steps += self.size * self.cfg.steps_per_batch
         self.rollout_env_steps = self.cfg.steps_per_batch
@@ -116,7 +116,7 @@ class ReplayReplica:
         (the same answer on every rank: every replay holds as many transitions)."""
         if self.memory.size() < self.memory.warmup:
             self.log.record(self.update, self.timer, env_steps=self.rollout_env_steps,
-                            param_version=self.update, inserted=self.cfg.steps_per_batch,
+                            param_version=self.update, inserted=self.rollout_inserted,
                             replay_size=self.memory.size())
             self.rollout_env_steps = 0
             return
@@ -127,7 +127,7 @@ class ReplayReplica:
     def record(self, update: int, losses: dict) -> None:
         add_phases(self.phases, self.log.record(
             update, self.timer, env_steps=self.rollout_env_steps, param_version=update - 1,
-            staleness=0, inserted=self.cfg.steps_per_batch if self.rollout_env_steps else 0,
+            staleness=0, inserted=self.rollout_inserted if self.rollout_env_steps else 0,
             sampled=self.cfg.replay_batch, prio_updates=self.cfg.replay_batch,
             replay_size=self.memory.size(), **{k: v for k, v in losses.items() if k in LOSSES}))
         self.rollout_env_steps = 0

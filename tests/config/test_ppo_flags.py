@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
      r"obs_norm=True is not taken by mode='impala'; allowed with mode sync$"),
     ({"mode": "async", "topology": "star", "minibatches": 2},
      r"minibatches=2 is not taken by mode='async'; allowed with mode sync$"),
+    ({"mode": "apex", "reward_scale": True},
+     r"reward_scale=True is not taken by mode='apex'; allowed with mode sync, async, quorum$"),
+    ({"mode": "sync-replay", "env": "Pendulum-v1", "sac_reward_scale": 0.0},
+     r"sac_reward_scale=0.0"),
+    ({"mode": "gorila", "sac_reward_scale": 5.0},
+     r"sac_reward_scale=5.0 is an option of SAC; env='CartPole-v1' has a Discrete action"),
     ({"mode": "seed", "norm_adv": True},
      r"norm_adv=True is not taken by mode='seed'; allowed with mode sync, async, quorum$"),
 ])

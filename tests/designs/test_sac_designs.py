@@ -56,3 +56,22 @@ def test_sync_replay_keeps_replicas_identical_with_their_own_replays(tmp_path, e
     assert s["updates"] == 2 * (500 - 200 + 1)
     assert s["gradients_sent"] == s["gradients_applied"] == 3 * s["updates"]
     assert s["transitions_sampled"] == 3 * 128 * s["updates"]
+    # every rank's log: one row per update (and per warm-up rollout), the inserts summed
+    inserted = 0
+    for rank in range(3):
+        with h5py.File(tmp_path / "r" / f"rank{rank:04d}.h5", "r") as f:
+            rows = f["updates"][...]
+        inserted += int(rows["inserted"].sum())
+        assert np.isfinite(rows["value_loss"][rows["sampled"] > 0]).all()
+    assert inserted == s["transitions_inserted"]
+
+
+def test_sync_replay_counts_transitions_not_repeated_env_steps(tmp_path):
+    # --action-repeat 3: each transition is 3 env steps; the replays hold transitions
+    _, s = train(tmp_path, 2, "--mode", "sync-replay", *SAC, "--action-repeat", "3",
+                 "--total-steps", "1200", "--learning-starts", "300", "--checksum-every", "5")
+    assert s["env_steps"] == 1200 and s["transitions_inserted"] == 400
+    assert s["updates"] == 200 - 150 + 1          # warm from the 150th rollout of 2 ranks
+    with h5py.File(tmp_path / "r" / "rank0001.h5", "r") as f:
+        rows = f["updates"][...]
+    assert rows["inserted"].sum() == 200 and rows["env_steps"].sum() == 600

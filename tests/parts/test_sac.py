@@ -24,7 +24,8 @@ ACT = gymnasium.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0
 
 def config(**over):
     base = dict(seed=3, hidden=[16, 16], activation="relu", init_alpha=0.5, lr=1e-3,
-                n_step=1, gamma=0.99, tau=0.1, target_entropy=0.0, max_grad_norm=0.0)
+                n_step=1, gamma=0.99, tau=0.1, target_entropy=0.0, max_grad_norm=0.0,
+                layer_norm=False, sac_reward_scale=1.0)
     return SimpleNamespace(**{**base, **over})
 
 
@@ -76,6 +77,21 @@ def test_target_moves_by_tau_after_every_update():
     learner.params[:] += 1.0
     learner.update_target(1)
     assert np.allclose(learner.target_params, before + 0.1, atol=1e-6)
+
+
+def test_reward_scale_multiplies_the_stored_returns_and_layer_norm_reaches_every_net():
+    T, E = 5, 2
+    rollout = SimpleNamespace(obs=torch.rand(T, E, 3), actions=torch.rand(T, E, 2),
+                              rewards=torch.rand(T, E), dones=torch.zeros(T, E),
+                              boot=torch.zeros(T, E))
+    last = torch.rand(E, 3)
+    plain = SacLearner(config(), OBS, ACT).transitions(rollout, last)
+    scaled = SacLearner(config(sac_reward_scale=10.0), OBS, ACT).transitions(rollout, last)
+    assert torch.allclose(scaled["ret"], 10.0 * plain["ret"])
+    assert torch.equal(scaled["next_obs"], plain["next_obs"])
+    normed = SacLearner(config(layer_norm=True), OBS, ACT).model
+    for net in (normed.policy, normed.q1, normed.q2):
+        assert sum(isinstance(m, torch.nn.LayerNorm) for m in net.modules()) == 2
 
 
 def test_temperature_falls_when_the_policy_is_more_random_than_its_target():

@@ -7,7 +7,10 @@ tanh-squashed Gaussian policy (log std clamped to [-20, 2]), two Q-networks and 
 Polyak-averaged targets (``--tau``), the temperature ``alpha`` learnt towards the target
 entropy ``-dim(A)`` (``--target-entropy`` 0) from ``--init-alpha``, one learning rate.
 Actions are in the env's scale (``tanh(u) * scale + bias``), as CleanRL's
-``sac_continuous_action`` has them, so transitions need no conversion.
+``sac_continuous_action`` has them, so transitions need no conversion.  The book's tricks
+for Learning to Run: ``--sac-reward-scale`` multiplies the rewards (SAC v1's reward scale:
+with rewards of a few hundredths per step, as L2Run's, the entropy term would otherwise
+drown them) and ``--layer-norm`` normalizes every hidden layer of all three networks.
 
 :class:`SacLearner` has :class:`~mpirl.parts.learner.dqn.DqnLearner`'s interface (one
 flat parameter and gradient buffer over actor, critics and ``log alpha``; a target flat
@@ -43,15 +46,17 @@ class SacNet(nn.Module):
     """Policy, two critics and the log temperature, in that parameter order."""
 
     def __init__(self, obs_space: gymnasium.Space, act_space: gymnasium.Space,
-                 hidden: list[int], activation: str = "relu", init_alpha: float = 1.0) -> None:
+                 hidden: list[int], activation: str = "relu", init_alpha: float = 1.0,
+                 layer_norm: bool = False) -> None:
         super().__init__()
         if not isinstance(act_space, gymnasium.spaces.Box):
             raise ValueError(f"action space {act_space} is not supported by SAC; allowed: Box")
         obs_dim = int(np.prod(obs_space.shape))
         self.act_dim = int(np.prod(act_space.shape))
-        self.policy = mlp(obs_dim, hidden, 2 * self.act_dim, activation, False, out_gain=0.01)
-        self.q1 = mlp(obs_dim + self.act_dim, hidden, 1, activation, False, out_gain=1.0)
-        self.q2 = mlp(obs_dim + self.act_dim, hidden, 1, activation, False, out_gain=1.0)
+        self.policy = mlp(obs_dim, hidden, 2 * self.act_dim, activation, layer_norm,
+                          out_gain=0.01)
+        self.q1 = mlp(obs_dim + self.act_dim, hidden, 1, activation, layer_norm, out_gain=1.0)
+        self.q2 = mlp(obs_dim + self.act_dim, hidden, 1, activation, layer_norm, out_gain=1.0)
         self.log_alpha = nn.Parameter(torch.tensor([math.log(init_alpha)]))
         low, high = (torch.as_tensor(b, dtype=torch.float32).flatten()
                      for b in (act_space.low, act_space.high))
@@ -133,7 +138,8 @@ class SacLearner(FlatLearner):
         torch.manual_seed(cfg.seed)
 
         def build() -> SacNet:
-            return SacNet(obs_space, act_space, cfg.hidden, cfg.activation, cfg.init_alpha)
+            return SacNet(obs_space, act_space, cfg.hidden, cfg.activation, cfg.init_alpha,
+                          cfg.layer_norm)
 
         self.model = build()
         self.flat = FlatParams(self.model)
@@ -145,6 +151,7 @@ class SacLearner(FlatLearner):
         self.n_step, self.gamma, self.tau = int(cfg.n_step), float(cfg.gamma), float(cfg.tau)
         self.target_entropy = (float(cfg.target_entropy) if cfg.target_entropy
                                else -float(self.model.act_dim))
+        self.reward_scale = float(cfg.sac_reward_scale)
 
     #: what a transition's action is: a vector of the env's scale
     @property
@@ -166,9 +173,13 @@ class SacLearner(FlatLearner):
         target += self.tau * self.flat.param_np
 
     def transitions(self, rollout, last_obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """n-step transitions of a rollout, rewards multiplied by ``--sac-reward-scale``
+        (the replay holds the scaled returns)."""
         from .dqn import nstep_transitions
-        return nstep_transitions(rollout.obs, rollout.actions,
-                                 rollout.rewards + self.gamma * rollout.boot, rollout.dones,
+        rewards = rollout.rewards + self.gamma * rollout.boot
+        if self.reward_scale != 1.0:
+            rewards = rewards * self.reward_scale
+        return nstep_transitions(rollout.obs, rollout.actions, rewards, rollout.dones,
                                  last_obs, self.n_step, self.gamma)
 
     def gradient(self, batch: dict, timer) -> tuple[dict, np.ndarray]:
