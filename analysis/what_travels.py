@@ -35,7 +35,7 @@ from .load import load_sweep  # noqa: E402
 
 #: the study's designs in the order of its table
 ORDER = ["butterfly/sync", "star/async", "star/quorum", "impala", "seed", "ga3c", "apex",
-         "gorila"]
+         "gorila", "butterfly/sync-replay"]
 
 
 def design_of(label: str) -> str:

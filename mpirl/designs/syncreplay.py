@@ -62,7 +62,8 @@ def run_sync_replay(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
                 memory.priorities(td, part.beta())
                 part.record(update, losses)
                 guard.beat(update, "between updates")
-            if part.rollout_done() or part.exchange_stop(guard):
+            stopping = part.exchange_stop(guard)
+            if part.rollout_done(last=stopping) or stopping:
                 break
     return part.finish()
 
@@ -134,13 +135,14 @@ class ReplayReplica:
         if self.cfg.checksum_every and update % self.cfg.checksum_every == 0:
             self.check_replicas()
 
-    def rollout_done(self) -> bool:
-        """Episodes logged; a progress line when due.  True when every rank's recent
-        episodes reach ``--target-return`` (collective, the same answer everywhere)."""
+    def rollout_done(self, last: bool = False) -> bool:
+        """Episodes logged; a progress line when due (and on the ``last`` rollout of a
+        stopped run).  True when every rank's recent episodes reach ``--target-return``
+        (collective, the same answer everywhere)."""
         finished = self.actor.drain_episodes()
         self.episodes.add(finished)
         self.log.episodes(self.update, finished)
-        if self.rollouts % self.cfg.log_every and self.budget_left():
+        if self.rollouts % self.cfg.log_every and self.budget_left() and not last:
             return False
         return_sum, count = sum_over_ranks(self.comm, self.episodes.take_window())
         self.progress.report(update=self.update, env_steps=self.env_steps, episodes=count,
