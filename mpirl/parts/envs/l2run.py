@@ -122,7 +122,7 @@ class L2RunEnv(gymnasium.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, difficulty: int = 0, max_steps: int = 1000,
-                 integrator_accuracy: float = 5e-5) -> None:
+                 integrator_accuracy: float = 1e-3) -> None:
         if difficulty not in (0, 1, 2):
             raise ValueError(f"difficulty={difficulty!r}; allowed: 0, 1, 2")
         self.opensim, OsimModel = load_osim()
