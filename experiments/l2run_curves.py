@@ -18,6 +18,16 @@ The figure (docs/figures/l2run/curves.png) draws the mean episode return (metres
 pelvis moved forward, less the small ligament penalty) against env steps and against
 wall time, one line per design; the table (curves.md) gives each run's env steps/s and
 its best and last progress-line returns.
+
+The projection (``--project-cpus 56 --project-days 3``: the book's server and its
+training time) puts each run's own measurements into the scaling model of
+``mpirl.simulate``: a round of a sync design takes the slowest of P ranks' compute (the
+run's logged per-round compute seconds, drawn independently for every rank: OpenSim's
+slow steps are rare, and at 56 ranks one of them is in most rounds) plus the round's
+allreduces, each costed by the alpha-beta-gamma model fitted on the emulated cluster
+without a rate cap (``docs/figures/cluster/params.json``, ``8n-8r-off``: the closest
+fitted fabric to one server's).  The same model at the run's own 2 ranks is printed
+against the measured rate, as its check.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ DESIGNS = {"ppo": (2, "l2run_a2c.yaml", "PPO, sync, 2 ranks"),
            "sac": (2, "l2run_sac.yaml", "SAC, sync-replay, 2 ranks"),
            "apex": (4, "l2run_apex_sac.yaml", "SAC, apex, 4 ranks")}
 OUT = ROOT / "docs" / "figures" / "l2run"
+#: the cost-model fit the projection uses (one of docs/figures/cluster/params.json's keys)
+FABRIC = ("docs/figures/cluster/params.json", "8n-8r-off")
 
 
 def progress(run_dir: Path) -> np.ndarray | None:
@@ -91,17 +103,99 @@ def table(results: dict[str, np.ndarray], minutes: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_path(runs: Path, design: str, seed: int) -> Path:
+    """The design's run directory (the one holding summary.json and the logs)."""
+    found = sorted((runs / f"{design}-s{seed}").glob("*/progress.csv"))
+    return found[-1].parent
+
+
+def project(run_dir: Path, cpus: int, rounds: int = 4000, seed: int = 0) -> dict:
+    """Env steps/s of the run's design at ``cpus`` ranks and at its own rank count, from
+    its logged compute per round and the fitted exchange cost (see the module doc).
+
+    A round is one rollout and the updates learned from it: PPO logs each update repeat
+    as its own row (the rollout's steps on the first), sync-replay one row per rollout
+    with its update repeats inside; either way the round's compute is the sum of its
+    rows' and its allreduces are the bytes it received over the gradient's size (at 2
+    ranks the butterfly receives the gradient once per allreduce).  A run stopped by a
+    time limit has no summary.json: its rate is its last progress line's."""
+    import json
+
+    from mpirl.study.costmodel import Params, predict
+    from mpirl.telemetry.read import load_run
+
+    run = load_run(run_dir)
+    ranks = int(run.meta["world_size"])
+    if ranks != 2 or run.config["topology"] != "butterfly":
+        raise SystemExit(f"{run_dir}: the projection reads a 2-rank butterfly run's bytes")
+    u = run.updates[run.updates["role"] == "worker"].sort_values(["rank", "update"])
+    u = u.assign(round=u.groupby("rank")["env_steps"].transform(lambda s: (s > 0).cumsum()))
+    u = u[u["round"] > 0]
+    per_round = u.groupby(["rank", "round"]).agg(compute_s=("compute_s", "sum"),
+                                                 steps=("env_steps", "sum"),
+                                                 recv=("bytes_recv", "sum"))
+    per_round = per_round.iloc[:-1] if len(per_round) > 1 else per_round   # cut short
+    nbytes = float(run.summary.get("gradient_bytes") or u["bytes_recv"].median())
+    exchanges = float(np.median(per_round["recv"])) / nbytes
+    steps = float(np.median(per_round["steps"]))
+    samples = per_round["compute_s"].to_numpy()
+    fits = json.loads((ROOT / FABRIC[0]).read_text())
+    params = Params(**fits[FABRIC[1]])
+    # the links idle while the ranks compute: a token bucket is full at every exchange
+    params = Params(**{**params.__dict__, "refill_bytes": params.burst_bytes})
+    rng = np.random.default_rng(seed)
+
+    def rate(p: int) -> float:
+        slowest = rng.choice(samples, size=(rounds, p)).max(axis=1).mean()
+        cost = predict(params, "allreduce", "butterfly", p, nbytes) if p > 1 else 0.0
+        return p * steps / (slowest + exchanges * cost)
+
+    rows = progress(run_dir.parent)
+    return {"ranks": ranks, "model_at_ranks": rate(ranks), "cpus": cpus,
+            "model_at_cpus": rate(cpus), "per_rank_alone": rate(1),
+            "measured": rows["env_steps"][-1] / rows["wall_s"][-1],
+            "gradient_bytes": nbytes, "exchanges": exchanges, "steps_per_round": steps}
+
+
+def projection_table(results: dict[str, np.ndarray], projections: dict[str, dict],
+                     days: float) -> str:
+    cpus = next(iter(projections.values()))["cpus"]
+    lines = ["", f"Projected to the book's budget ({cpus} CPUs, {days:g} days), each run's own "
+             f"compute per round and the fitted exchange cost ({FABRIC[1]}); "
+             "the model at the run's own ranks is its check against the measured rate.", "",
+             f"| design | measured env steps/s | model at the run's ranks | model at {cpus} "
+             f"| efficiency at {cpus} | env steps in {days:g} days | the hour's env steps at "
+             f"{cpus} CPUs take |", "|---|---|---|---|---|---|---|"]
+    for design, pr in projections.items():
+        hour = results[design]["env_steps"][-1]
+        eff = pr["model_at_cpus"] / (cpus * pr["per_rank_alone"])
+        lines.append(f"| {DESIGNS[design][2]} | {pr['measured']:.1f} | "
+                     f"{pr['model_at_ranks']:.1f} | {pr['model_at_cpus']:.0f} | {eff:.0%} | "
+                     f"{pr['model_at_cpus'] * days * 86400 / 1e6:.0f}M | "
+                     f"{hour / pr['model_at_cpus'] / 60:.1f} min |")
+    return "\n".join(lines) + "\n"
+
+
 def figure(results: dict[str, np.ndarray], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for design, rows in results.items():
-        label = DESIGNS[design][2]
-        by_steps.plot(rows["env_steps"] / 1e3, rows["mean_return"], label=label)
-        by_time.plot(rows["wall_s"] / 60, rows["mean_return"], label=label)
-    by_steps.set(xlabel="env steps (thousands)", ylabel="mean episode return (m walked)")
+    for i, (design, rows) in enumerate(results.items()):
+        label, color = DESIGNS[design][2], f"C{i}"
+        ret = rows["mean_return"]
+        # each progress line averages a few episodes: drawn faint, with a running mean
+        # over 20 lines (episodes without an end in a line are skipped)
+        kept = np.isfinite(ret)
+        smooth = np.convolve(ret[kept], np.ones(20) / 20, mode="valid")
+        for ax, x in ((by_steps, rows["env_steps"][kept] / 1e3),
+                      (by_time, rows["wall_s"][kept] / 60)):
+            ax.plot(x, ret[kept], color=color, alpha=0.25, lw=0.7)
+            if smooth.size:
+                ax.plot(x[19:], smooth, color=color, lw=1.8, label=f"{label} (mean of 20 lines)")
+    by_steps.set(xlabel="env steps: simulator steps (thousands)",
+                 ylabel="mean episode return (m walked)")
     by_time.set(xlabel="wall time (minutes)", ylabel="mean episode return (m walked)")
     for ax in (by_steps, by_time):
         ax.grid(alpha=0.3)
@@ -118,12 +212,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "l2run_curves")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--project-cpus", type=int, default=56)
+    parser.add_argument("--project-days", type=float, default=3.0)
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error(f"--minutes {args.minutes}: allowed: a number above 0")
+    if args.project_cpus < 1 or args.project_days <= 0:
+        parser.error("--project-cpus: allowed: an integer >= 1; --project-days: above 0")
     results = {d: run(d, args.minutes, args.seed, args.runs) for d in args.designs}
     args.out.mkdir(parents=True, exist_ok=True)
     text = table(results, args.minutes)
+    # the scaling model covers the designs that allreduce once per update (not apex)
+    projections = {d: project(run_path(args.runs, d, args.seed), args.project_cpus)
+                   for d in results if d in ("ppo", "sac")}
+    if projections:
+        text += projection_table(results, projections, args.project_days)
     (args.out / "curves.md").write_text(text)
     figure(results, args.out / "curves.png")
     print(text)
