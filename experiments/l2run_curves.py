@@ -54,19 +54,24 @@ OUT = ROOT / "docs" / "figures" / "l2run"
 FABRIC = ("docs/figures/cluster/params.json", "8n-8r-off")
 
 
-def progress(run_dir: Path) -> np.ndarray | None:
+def run_path(runs: Path, design: str, seed: int) -> Path | None:
+    """The design's run directory (its progress.csv, logs and summary.json), or None."""
+    found = sorted((runs / f"{design}-s{seed}").glob("*/progress.csv"))
+    return found[-1].parent if found else None
+
+
+def progress(run_dir: Path | None) -> np.ndarray | None:
     """The run's progress lines (env_steps, wall_s, mean_return), or None."""
-    found = sorted(run_dir.glob("*/progress.csv"))
-    if not found:
+    if run_dir is None:
         return None
-    rows = np.genfromtxt(found[-1], delimiter=",", names=True, ndmin=1)
+    rows = np.genfromtxt(run_dir / "progress.csv", delimiter=",", names=True, ndmin=1)
     return rows if rows.size else None
 
 
 def run(design: str, minutes: float, seed: int, runs: Path) -> np.ndarray:
     ranks, config, _ = DESIGNS[design]
     run_dir = runs / f"{design}-s{seed}"
-    rows = progress(run_dir)
+    rows = progress(run_path(runs, design, seed))
     if rows is not None and rows["wall_s"][-1] >= 0.95 * minutes * 60:
         return rows
     cmd = mpiexec_command(ranks, [sys.executable, "-m", "mpirl.run", "--config",
@@ -83,7 +88,7 @@ def run(design: str, minutes: float, seed: int, runs: Path) -> np.ndarray:
         except subprocess.TimeoutExpired:
             job.kill()
             raise SystemExit(f"{design}: no exit within 300 s of SIGTERM") from None
-    rows = progress(run_dir)
+    rows = progress(run_path(runs, design, seed))
     if rows is None:
         raise SystemExit(f"{design}: no progress line in {run_dir}")
     return rows
@@ -101,12 +106,6 @@ def table(results: dict[str, np.ndarray], minutes: float) -> str:
         lines.append(f"| {DESIGNS[design][2]} | {int(rows['env_steps'][-1]):,} | "
                      f"{rows['env_steps'][-1] / rows['wall_s'][-1]:.1f} | {best} | {last} |")
     return "\n".join(lines) + "\n"
-
-
-def run_path(runs: Path, design: str, seed: int) -> Path:
-    """The design's run directory (the one holding summary.json and the logs)."""
-    found = sorted((runs / f"{design}-s{seed}").glob("*/progress.csv"))
-    return found[-1].parent
 
 
 def project(run_dir: Path, cpus: int, rounds: int = 4000, seed: int = 0) -> dict:
@@ -150,7 +149,7 @@ def project(run_dir: Path, cpus: int, rounds: int = 4000, seed: int = 0) -> dict
         cost = predict(params, "allreduce", "butterfly", p, nbytes) if p > 1 else 0.0
         return p * steps / (slowest + exchanges * cost)
 
-    rows = progress(run_dir.parent)
+    rows = progress(run_dir)
     return {"ranks": ranks, "model_at_ranks": rate(ranks), "cpus": cpus,
             "model_at_cpus": rate(cpus), "per_rank_alone": rate(1),
             "measured": rows["env_steps"][-1] / rows["wall_s"][-1],
@@ -222,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {d: run(d, args.minutes, args.seed, args.runs) for d in args.designs}
     args.out.mkdir(parents=True, exist_ok=True)
     text = table(results, args.minutes)
-    # the scaling model covers the designs that allreduce once per update (not apex)
+    # the scaling model covers the allreduce designs (sync, sync-replay), not apex
     projections = {d: project(run_path(args.runs, d, args.seed), args.project_cpus)
                    for d in results if d in ("ppo", "sac")}
     if projections:
