@@ -120,7 +120,8 @@ def project(run_dir: Path, cpus: int, rounds: int = 4000, seed: int = 0) -> dict
     time limit has no summary.json: its rate is its last progress line's."""
     import json
 
-    from mpirl.study.costmodel import Params, predict
+    from mpirl.study.costmodel import Params
+    from mpirl.study.simulate import Compute, simulate_sync
     from mpirl.telemetry.read import load_run
 
     run = load_run(run_dir)
@@ -138,16 +139,11 @@ def project(run_dir: Path, cpus: int, rounds: int = 4000, seed: int = 0) -> dict
     exchanges = float(np.median(per_round["recv"])) / nbytes
     steps = float(np.median(per_round["steps"]))
     samples = per_round["compute_s"].to_numpy()
-    fits = json.loads((ROOT / FABRIC[0]).read_text())
-    params = Params(**fits[FABRIC[1]])
-    # the links idle while the ranks compute: a token bucket is full at every exchange
-    params = Params(**{**params.__dict__, "refill_bytes": params.burst_bytes})
-    rng = np.random.default_rng(seed)
+    params = Params(**json.loads((ROOT / FABRIC[0]).read_text())[FABRIC[1]])
 
     def rate(p: int) -> float:
-        slowest = rng.choice(samples, size=(rounds, p)).max(axis=1).mean()
-        cost = predict(params, "allreduce", "butterfly", p, nbytes) if p > 1 else 0.0
-        return p * steps / (slowest + exchanges * cost)
+        return simulate_sync(params, "butterfly", p, nbytes, Compute(samples=samples, seed=seed),
+                             steps, updates=rounds, exchanges=exchanges).env_steps_per_s
 
     rows = progress(run_dir)
     return {"ranks": ranks, "model_at_ranks": rate(ranks), "cpus": cpus,

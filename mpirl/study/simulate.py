@@ -111,11 +111,13 @@ class Compute:
 
 
 def simulate_sync(params: Params, topology: str, p: int, nbytes: float, compute: Compute,
-                  steps_per_update: int, updates: int = 200) -> Prediction:
+                  steps_per_update: int, updates: int = 200,
+                  exchanges: float = 1.0) -> Prediction:
+    """``exchanges`` allreduces per update (a round of PPO's update repeats, say)."""
     c = compute.for_ranks(updates, np.arange(p))
     # the links idle while the ranks compute: a token bucket is full at every exchange
     idle = replace(params, refill_bytes=params.burst_bytes)
-    exchange = predict(idle, "allreduce", topology, p, nbytes) if p > 1 else 0.0
+    exchange = exchanges * predict(idle, "allreduce", topology, p, nbytes) if p > 1 else 0.0
     slowest = c.max(axis=1)
     update_s = float(np.mean(slowest) + exchange)
     idle = 1.0 - float(np.mean(c)) / update_s
