@@ -33,8 +33,6 @@ against the measured rate, as its check.
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpirl.launch import mpi_env, mpiexec_command  # noqa: E402
+from mpirl.launch import mpiexec_command, run_for  # noqa: E402
 
 #: design -> (ranks, configuration, label)
 DESIGNS = {"ppo": (2, "l2run_a2c.yaml", "PPO, sync, 2 ranks"),
@@ -78,16 +76,10 @@ def run(design: str, minutes: float, seed: int, runs: Path) -> np.ndarray:
                                   str(ROOT / "experiments" / config), "--seed", str(seed),
                                   "--run-dir", str(run_dir)])
     print(" ".join(cmd), flush=True)
-    job = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.DEVNULL)
     try:
-        job.wait(timeout=minutes * 60)
-    except subprocess.TimeoutExpired:
-        job.send_signal(signal.SIGTERM)      # as a time limit stops a batch job
-        try:
-            job.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            job.kill()
-            raise SystemExit(f"{design}: no exit within 300 s of SIGTERM") from None
+        run_for(cmd, minutes * 60, cwd=ROOT)     # stopped as a time limit stops a batch job
+    except RuntimeError as err:
+        raise SystemExit(f"{design}: {err}") from None
     rows = progress(run_path(runs, design, seed))
     if rows is None:
         raise SystemExit(f"{design}: no progress line in {run_dir}")

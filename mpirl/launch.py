@@ -81,6 +81,46 @@ def mpiexec_command(nranks: int, argv: list[str]) -> list[str]:
     return [mpiexec_path(), "-n", str(nranks), *argv]
 
 
+def run_for(cmd: list[str], seconds: float, cwd=None, grace_s: float = 300.0,
+            stdout=None) -> bool:
+    """Run ``cmd`` (an ``mpiexec`` line) for at most ``seconds``, then stop it as a batch
+    system's time limit does: SIGTERM to mpiexec, which forwards it to every rank, and
+    every rank ends at its next boundary with its logs closed.  Returns True when the
+    limit stopped it, False when it ended by itself first; raises RuntimeError when it
+    failed (its exit status) or outlived ``grace_s`` after the SIGTERM (then its whole
+    process group, mpiexec and every rank, is killed).  Interrupted (Ctrl-C), it stops
+    the job the same way before the interrupt goes on.  ``stdout``: where its output
+    goes (default: discarded)."""
+    import signal
+    import subprocess
+
+    job = subprocess.Popen(cmd, cwd=cwd, env=mpi_env(), start_new_session=True,
+                           stdout=subprocess.DEVNULL if stdout is None else stdout,
+                           stderr=subprocess.STDOUT if stdout is not None else None)
+
+    def stop() -> None:
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+            raise RuntimeError(f"no exit within {grace_s:g} s of SIGTERM (killed): "
+                               f"{' '.join(cmd)}") from None
+
+    try:
+        code = job.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        stop()
+        return True
+    except BaseException:
+        stop()
+        raise
+    if code:
+        raise RuntimeError(f"exit status {code} before the time limit: {' '.join(cmd)}")
+    return False
+
+
 #: Open MPI 5's mpiexec options that let ranks survive a failure (ULFM), as measured on
 #: PyPI's Open MPI 5.0.11: without the failure detector, survivors blocked on a dead
 #: peer wait forever (> 40 s seen); with it they get an error after about the timeout.
