@@ -104,33 +104,27 @@ def project(run_dir: Path, cpus: int, rounds: int = 4000, seed: int = 0) -> dict
     """Env steps/s of the run's design at ``cpus`` ranks and at its own rank count, from
     its logged compute per round and the fitted exchange cost (see the module doc).
 
-    A round is one rollout and the updates learned from it: PPO logs each update repeat
-    as its own row (the rollout's steps on the first), sync-replay one row per rollout
-    with its update repeats inside; either way the round's compute is the sum of its
-    rows' and its allreduces are the bytes it received over the gradient's size (at 2
-    ranks the butterfly receives the gradient once per allreduce).  A run stopped by a
-    time limit has no summary.json: its rate is its last progress line's."""
+    A round is one rollout and the updates learned from it
+    (:func:`mpirl.study.simulate.compute_from_run`: PPO logs each update repeat as its own
+    row, sync-replay each update; the round's compute is the sum of its rows', its
+    allreduces the rows that exchanged).  A run stopped by a time limit has no
+    summary.json: its rate is its last progress line's."""
     import json
 
     from mpirl.study.costmodel import Params
-    from mpirl.study.simulate import Compute, simulate_sync
+    from mpirl.study.simulate import Compute, compute_from_run, simulate_sync
     from mpirl.telemetry.read import load_run
 
     run = load_run(run_dir)
     ranks = int(run.meta["world_size"])
     if ranks != 2 or run.config["topology"] != "butterfly":
         raise SystemExit(f"{run_dir}: the projection reads a 2-rank butterfly run's bytes")
-    u = run.updates[run.updates["role"] == "worker"].sort_values(["rank", "update"])
-    u = u.assign(round=u.groupby("rank")["env_steps"].transform(lambda s: (s > 0).cumsum()))
-    u = u[u["round"] > 0]
-    per_round = u.groupby(["rank", "round"]).agg(compute_s=("compute_s", "sum"),
-                                                 steps=("env_steps", "sum"),
-                                                 recv=("bytes_recv", "sum"))
-    per_round = per_round.iloc[:-1] if len(per_round) > 1 else per_round   # cut short
-    nbytes = float(run.summary.get("gradient_bytes") or u["bytes_recv"].median())
-    exchanges = float(np.median(per_round["recv"])) / nbytes
-    steps = float(np.median(per_round["steps"]))
-    samples = per_round["compute_s"].to_numpy()
+    found = compute_from_run(run_dir)
+    # stopped by the time limit, the run has no summary.json: at 2 ranks the butterfly
+    # receives the whole gradient once per allreduce
+    u = run.updates
+    nbytes = found.nbytes or float(u.loc[u["bytes_recv"] > 0, "bytes_recv"].median())
+    samples, exchanges, steps = found.samples, found.exchanges, float(found.steps)
     params = Params(**json.loads((ROOT / FABRIC[0]).read_text())[FABRIC[1]])
 
     def rate(p: int) -> float:

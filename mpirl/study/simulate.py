@@ -46,6 +46,7 @@ import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -293,9 +294,15 @@ def shards_label(servers: int) -> str:
 
 def simulate(params: Params, topology: str, mode: str, p: int, nbytes: float,
              compute: Compute, steps_per_update: int, quorum: int = 0,
-             servers: int = 1, pushes_per_worker: int = 60) -> Prediction:
+             servers: int = 1, pushes_per_worker: int = 60,
+             exchanges: float = 1.0) -> Prediction:
+    """One design at ``p`` ranks; ``exchanges`` allreduces per update (sync only: a
+    server design's worker pushes once per computed gradient)."""
     if mode == "sync":
-        return simulate_sync(params, topology, p, nbytes, compute, steps_per_update)
+        return simulate_sync(params, topology, p, nbytes, compute, steps_per_update,
+                             exchanges=exchanges)
+    if exchanges != 1.0:
+        raise ValueError(f"exchanges={exchanges:g} per update is modelled for sync only")
     if mode not in SIMULATED:
         raise ValueError(f"mode={mode!r} is not simulated; allowed: {', '.join(SIMULATED)} "
                          "(see this module's doc for why)")
@@ -348,19 +355,41 @@ DESIGNS = [("native", "sync", 1), ("star", "sync", 1), ("tree", "sync", 1),
 SIMULATED = ("sync", "async", "quorum", "gorila")
 
 
-def compute_from_run(run_dir: str) -> tuple[np.ndarray, float, int]:
-    """Worker compute seconds per update, gradient bytes and env steps per update."""
+class RunCompute(NamedTuple):
+    """What a sync run's log says of its rounds (one rollout and the updates learnt from
+    it): each round's compute seconds on one rank, the gradient's bytes (0 when the run
+    has no summary.json), env steps per round per rank and allreduces per round."""
+
+    samples: np.ndarray
+    nbytes: float
+    steps: int
+    exchanges: float
+
+
+def compute_from_run(run_dir) -> RunCompute:
+    """The rounds of a run's workers, for :func:`simulate_sync`.
+
+    A round starts at the row that carries its rollout's env steps; its compute is the
+    sum of its rows' (PPO's update repeats and minibatches, sync-replay's updates), its
+    allreduces are its rows that received bytes (a replay's warm-up rows exchange
+    nothing).  The table's last round (the last rank's, which a stop may cut short) is
+    left out when there are others.  A run stopped by a time limit has no summary.json:
+    ``nbytes`` is then 0 and the caller says what the gradient weighs."""
     from ..telemetry.read import load_run
 
     run = load_run(run_dir)
-    u = run.updates[(run.updates["role"] == "worker") & (run.updates["env_steps"] > 0)]
-    samples = u["compute_s"].to_numpy()
-    steps = int(np.median(u["env_steps"]))
-    nbytes = float(run.summary.get("gradient_bytes") or 0)
-    if not nbytes:
-        raise ValueError(f"{run_dir}: summary.json has no gradient_bytes (an older run?); "
-                         "give --bytes")
-    return samples, nbytes, steps
+    u = run.updates[run.updates["role"] == "worker"].sort_values(["rank", "update"])
+    u = u.assign(round=u.groupby("rank")["env_steps"].transform(lambda s: (s > 0).cumsum()))
+    u = u[u["round"] > 0]
+    rounds = u.groupby(["rank", "round"]).agg(
+        compute_s=("compute_s", "sum"), steps=("env_steps", "sum"),
+        exchanges=("bytes_recv", lambda b: int((b > 0).sum())))
+    if len(rounds) > 1:
+        rounds = rounds.iloc[:-1]
+    return RunCompute(samples=rounds["compute_s"].to_numpy(),
+                      nbytes=float(run.summary.get("gradient_bytes") or 0),
+                      steps=int(np.median(rounds["steps"])),
+                      exchanges=float(np.median(rounds["exchanges"])) or 1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", required=True,
                         help="params.json from python -m mpirl.costmodel ... -o DIR")
     parser.add_argument("--compute-from", metavar="RUN",
-                        help="sample per-update compute times from this run's log")
+                        help="sample per-round compute times (and take env steps and "
+                             "allreduces per round) from this sync run's log")
     parser.add_argument("--compute-s", type=float, default=0.02,
                         help="median compute seconds per update (without --compute-from)")
     parser.add_argument("--compute-dist", choices=("fixed", "lognormal", "pareto"),
@@ -384,26 +414,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--out", help="directory for predictions.csv and the figure")
     args = parser.parse_args(argv)
     params = load_params(args.params)
-    samples, nbytes, steps = None, args.bytes, args.steps_per_update
+    samples, nbytes, steps, exchanges = None, args.bytes, args.steps_per_update, 1.0
     if args.compute_from:
-        samples, run_bytes, steps = compute_from_run(args.compute_from)
-        nbytes = nbytes or run_bytes
+        found = compute_from_run(args.compute_from)
+        samples, steps, exchanges = found.samples, found.steps, found.exchanges
+        nbytes = nbytes or found.nbytes
     if not nbytes:
-        parser.error("give --bytes or --compute-from")
+        parser.error("give --bytes, or --compute-from a run with a summary.json "
+                     "(it holds gradient_bytes)")
     stragglers = {int(s.split(":")[0]): float(s.split(":")[1]) for s in args.straggler}
     rows = []
+    if exchanges != 1.0:
+        print(f"{exchanges:g} allreduces per round in {args.compute_from}: the server "
+              "designs, one push per gradient, are not predicted from its rounds")
     for topology, mode, servers in DESIGNS:
         for p in [r for r in RANKS if r <= args.max_ranks]:
-            if mode != "sync" and p <= servers:
+            if mode != "sync" and (p <= servers or exchanges != 1.0):
                 continue
             compute = Compute(samples=samples, mean_s=args.compute_s, dist=args.compute_dist,
                               tail=args.tail, stragglers=stragglers)
             rows.append(simulate(params, topology, mode, p, nbytes, compute, steps,
-                                 servers=servers).row())
+                                 servers=servers, exchanges=exchanges).row())
     import pandas as pd
 
     table = pd.DataFrame(rows)
-    print(f"gradient {nbytes / 1024:.1f} KiB, {steps} env steps per update per rank")
+    print(f"gradient {nbytes / 1024:.1f} KiB, {steps} env steps per update per rank, "
+          f"{exchanges:g} allreduce(s) per update")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     checks = validation(params, args.measured) if args.measured else pd.DataFrame()
     if args.out:

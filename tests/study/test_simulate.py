@@ -145,3 +145,36 @@ def test_simulate_command_predicts_to_4096_and_validates_against_runs(tiny_sweep
     checks = pd.read_csv(tmp_path / "sim" / "validation.csv")
     assert len(checks) == 5 and checks["error"].notna().all()
     assert (tmp_path / "sim" / "predicted_scaling.png").stat().st_size > 10000
+
+
+def test_a_runs_rounds_are_read_with_their_allreduces(tmp_path):
+    """--compute-from reads rounds, not rows: a sync PPO run at 3 ranks with 3 update
+    repeats of 2 minibatches takes 6 allreduces per rollout, and each round's compute
+    is the sum of its 6 rows'."""
+    from mpirun import run_mpi
+
+    from conftest import BATCH
+    from mpirl.study.simulate import compute_from_run, simulate_sync
+    from mpirl.telemetry.read import load_run
+
+    run_mpi(3, ["-m", "mpirl.run", *BATCH, "--update-repeat", "3", "--minibatches", "2",
+                "--total-steps", "480", "--run-dir", str(tmp_path), "--run-name", "r"],
+            timeout_s=120)
+    found = compute_from_run(tmp_path / "r")
+    run = load_run(tmp_path / "r")
+    u = run.updates[run.updates["role"] == "worker"].sort_values(["rank", "update"])
+    per_rank = run.config["num_envs"] * run.config["rollout_steps"]
+    rounds = len(u) // 6
+    assert len(u) == 6 * rounds and rounds >= 6                 # 3 ranks x >= 2 rollouts
+    assert found.exchanges == 6.0 and found.steps == per_rank
+    assert found.nbytes == run.summary["gradient_bytes"]
+    assert len(found.samples) == rounds - 1                     # the last one left out
+    first = u[u["rank"] == 0]["compute_s"].to_numpy()[:6].sum()
+    assert found.samples[0] == pytest.approx(first)
+    # six allreduces a round cost more than one
+    compute = Compute(samples=found.samples, seed=0)
+    params = Params(alpha=1e-3, beta=1e-8, gamma=0.0, delta=0.0)
+    six = simulate_sync(params, "ring", 8, found.nbytes, compute, found.steps, exchanges=6)
+    one = simulate_sync(params, "ring", 8, found.nbytes, Compute(samples=found.samples,
+                                                                seed=0), found.steps)
+    assert six.update_s > one.update_s
