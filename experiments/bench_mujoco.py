@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpirl.launch import mpi_env, mpiexec_command  # noqa: E402
+from mpirl.telemetry.progress import read_progress  # noqa: E402
 
 #: CleanRL ppo_continuous_action, MuJoCo v4, 1M steps: mean +- std over seeds (the
 #: figures the issue quotes, from CleanRL's documentation)
@@ -99,7 +100,7 @@ def run_all(algo: str, cases: list[tuple[str, int]], steps: int, ranks: int, run
 
 def curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """env steps, wall seconds and mean return of each progress line."""
-    rows = np.genfromtxt(run_dir / "progress.csv", delimiter=",", names=True)
+    rows = read_progress(run_dir)
     return rows["env_steps"], rows["wall_s"], rows["mean_return"]
 
 

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpirl.launch import mpiexec_command, run_for  # noqa: E402
+from mpirl.telemetry.progress import read_progress  # noqa: E402
 
 #: design -> (ranks, configuration, label)
 DESIGNS = {"ppo": (2, "l2run_a2c.yaml", "PPO, sync, 2 ranks"),
@@ -60,10 +61,7 @@ def run_path(runs: Path, design: str, seed: int) -> Path | None:
 
 def progress(run_dir: Path | None) -> np.ndarray | None:
     """The run's progress lines (env_steps, wall_s, mean_return), or None."""
-    if run_dir is None:
-        return None
-    rows = np.genfromtxt(run_dir / "progress.csv", delimiter=",", names=True, ndmin=1)
-    return rows if rows.size else None
+    return None if run_dir is None else read_progress(run_dir)
 
 
 def run(design: str, minutes: float, seed: int, runs: Path) -> np.ndarray:

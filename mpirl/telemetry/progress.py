@@ -66,3 +66,15 @@ class Progress:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+
+def read_progress(run_dir: Path):
+    """A run's progress.csv as a numpy record array (fields :data:`COLUMNS`), or None when
+    it has no file or no line yet."""
+    import numpy as np
+
+    path = Path(run_dir) / "progress.csv"
+    if not path.is_file():
+        return None
+    rows = np.genfromtxt(path, delimiter=",", names=True, ndmin=1)
+    return rows if rows.size else None
