@@ -50,9 +50,15 @@ DESIGN_COLORS = {"impala": "#9467bd", "seed": "#e377c2", "ga3c": "#bcbd22",
                  "apex": "#17becf", "gorila": "#7f7f7f"}
 
 
-def _design_label(topology: str, mode: str, straggler: str = "none") -> str:
-    label = mode if mode in DESIGN_COLORS else f"{topology} / {mode}"
-    return label if straggler == "none" else f"{label}, straggler {straggler}"
+def _wrap(label: str, width: int = 14) -> str:
+    """A tick label broken at spaces and commas into lines of about ``width`` characters."""
+    lines, line = [], ""
+    for word in filter(None, label.replace(",", ",\x00").replace(" ", "\x00").split("\x00")):
+        if line and len(line) + len(word) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += word + " "
+    return "\n".join([*lines, line.rstrip()])
 
 
 def _style(topology: str, mode: str) -> dict:
@@ -63,38 +69,65 @@ def _style(topology: str, mode: str) -> dict:
 
 
 # -- 1. scaling --------------------------------------------------------------------------------
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def group_styles(table: pd.DataFrame) -> dict[str, dict]:
+    """Colour and line style of each group's design, and a marker of its own among the
+    groups of that design (``table``: rows with group, topology, mode)."""
+    styles, seen = {}, {}
+    for row in table.drop_duplicates("group").sort_values("group_label").itertuples():
+        n = seen.setdefault((row.topology, row.mode), 0)
+        seen[(row.topology, row.mode)] = n + 1
+        styles[row.group] = {**_style(row.topology, row.mode), "marker": MARKERS[n % len(MARKERS)]}
+    return styles
+
+
 def scaling_figure(runs: pd.DataFrame) -> plt.Figure:
-    """Env steps/s, updates/s and parallel efficiency vs ranks, one line per design."""
+    """Env steps/s, updates/s and parallel efficiency vs ranks, one line per group (one
+    experiment: every field but the seed alike), with each group's ideal line scaled from
+    its measured base (``efficiency_base``)."""
     table = scaling(runs)
+    styles = group_styles(table)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     ranks_all = sorted(table["ranks"].unique())
-    for (topo, mode, strag), d in table.groupby(["topology", "mode", "straggler"]):
+    bases = {}
+    for (group, label, base), d in table.groupby(["group", "group_label", "efficiency_base"]):
         d = d.sort_values("ranks")
-        style = dict(**_style(topo, mode), marker="o", label=_design_label(topo, mode, strag))
+        style = dict(**styles[group], label=label)
         axes[0].errorbar(d["ranks"], d["env_steps_per_s"], yerr=d["env_steps_per_s_std"],
                          capsize=3, **style)
+        axes[0].plot(d["ranks"], d["ideal_env_steps_per_s"], color=style["color"],
+                     linewidth=0.8, linestyle=":")
         axes[1].errorbar(d["ranks"], d["updates_per_s"], yerr=d["updates_per_s_std"],
                          capsize=3, **style)
-        axes[2].plot(d["ranks"], d["efficiency"], **style)
+        (line,) = axes[2].plot(d["ranks"], d["efficiency"], **style)
+        bases[label] = (line, base)
         over = d[d["oversubscribed"]]
         for ax, col in ((axes[0], "env_steps_per_s"), (axes[1], "updates_per_s"),
                         (axes[2], "efficiency")):
             ax.scatter(over["ranks"], over[col], s=90, facecolors="none",
                        edgecolors="black", zorder=3)
-    ideal = table.groupby("ranks")["ideal_env_steps_per_s"].mean()
-    if ideal.notna().any():
-        axes[0].plot(ideal.index, ideal.values, color="black", linewidth=1, linestyle="--",
-                     label="ideal (linear from 1 rank)")
+    axes[0].plot([], [], color="black", linewidth=0.8, linestyle=":",
+                 label="ideal: linear from the measured base")
     axes[2].axhline(1.0, color="black", linewidth=1, linestyle="--")
+    kinds = sorted({base for _, base in bases.values()})
+    base_text = kinds[0] if len(kinds) == 1 else "per line, below"
     axes[0].set(title="throughput", ylabel="env steps / s")
     axes[1].set(title="updates", ylabel="updates / s")
-    axes[2].set(title="parallel efficiency", ylabel="measured / ideal", ylim=(0, None))
+    axes[2].set(title=f"parallel efficiency (base: {base_text})", ylabel="measured / ideal",
+                ylim=(0, None))
+    if len(kinds) > 1:
+        axes[2].legend([line for line, _ in bases.values()],
+                       [f"{label}: {base}" for label, (_, base) in bases.items()], fontsize=7,
+                       loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     for ax in axes:
         ax.set_xlabel("MPI ranks")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ranks_all, [str(r) for r in ranks_all])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.16), frameon=False)
     note = " (circled: more ranks than cores, timings suspect)" \
         if table["oversubscribed"].any() else ""
     fig.suptitle(f"Scaling: throughput and efficiency vs ranks{note}")
@@ -160,7 +193,7 @@ def timeline_figure(run: Run, window: tuple[float, float] | None = None) -> plt.
               loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     strag = ",".join(run.config.get("straggler") or []) or "none"
     order = "; each row's phases drawn in turn" if sequential else ""
-    ax.set_title(f"Per-rank timeline: {run.label}, {len(ranks)} ranks, straggler {strag} "
+    ax.set_title(f"Per-rank timeline: {run.title}, {len(ranks)} ranks, straggler {strag} "
                  f"({hi - lo:.2f} s window{order})")
     fig.tight_layout()
     return fig
@@ -169,7 +202,7 @@ def timeline_figure(run: Run, window: tuple[float, float] | None = None) -> plt.
 # -- 3. breakdown ------------------------------------------------------------------------------
 def breakdown_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
     """Mean seconds per update, stacked by phase, per design x rank count (worker ranks)."""
-    table = breakdown(updates, runs).sort_values(["ranks", "mode", "topology", "straggler"])
+    table = breakdown(updates, runs).sort_values(["ranks", "group_label"])
     parts = [p for p in (*COMPUTE_PHASES, "wait_s", "transfer_s") if table[p].sum() > 0]
     fig, ax = plt.subplots(figsize=(max(7.0, 0.75 * len(table) + 2), 5))
     x = np.arange(len(table))
@@ -178,12 +211,10 @@ def breakdown_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
         values = table[part].to_numpy() * 1e3
         ax.bar(x, values, bottom=bottom, color=PART_COLORS[part], label=PART_LABELS[part])
         bottom += values
-    labels = [f"{r.topology}\n{r.mode}\n{r.ranks}r" + ("" if r.straggler == "none" else
-                                                        f"\nstraggler\n{r.straggler}")
-              for r in table.itertuples()]
-    ax.set_xticks(x, labels, fontsize=8)
+    labels = [_wrap(f"{r.group_label}, {r.ranks}r") for r in table.itertuples()]
+    ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("ms per update (mean over worker ranks)")
-    ax.set_title("Where an update's time goes, per topology x ranks")
+    ax.set_title("Where an update's time goes, per group x ranks")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -211,7 +242,7 @@ def staleness_figure(runs: list[Run]) -> plt.Figure:
                 alpha=0.8)
         strag = ",".join(run.config.get("straggler") or []) or "none"
         p95 = np.percentile(s, 95) if len(s) else float("nan")
-        ax.set_title(f"{run.label}, {run.meta['world_size']} ranks, straggler {strag}"
+        ax.set_title(f"{run.title}, {run.meta['world_size']} ranks, straggler {strag}"
                      f"\nmean {np.mean(s) if len(s) else float('nan'):.2f}, p95 {p95:.0f}, "
                      f"n={len(s)}", fontsize=9)
         ax.set_xlabel("policy lag (learner updates since the unroll's version)" if lagged
@@ -229,7 +260,7 @@ def roles_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
     (env, forward or waiting for actions, sending, waiting for parameters), inference
     (batching wait, forward, replying), learners (waiting for data, training,
     exchange, publishing), and the gradient designs' workers and servers."""
-    table = role_breakdown(updates, runs).sort_values(["ranks", "label", "role"])
+    table = role_breakdown(updates, runs).sort_values(["ranks", "group_label", "seed", "role"])
     parts = [p for p in PART_COLORS if p in table and table[p].sum() > 0]
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.32 * len(table) + 1.5)))
     y = np.arange(len(table))
@@ -238,8 +269,8 @@ def roles_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
         values = table[part].fillna(0.0).to_numpy()
         ax.barh(y, values, left=left, color=PART_COLORS[part], label=PART_LABELS[part])
         left += values
-    ax.set_yticks(y, [f"{r.label} {r.ranks}r: {r.role}" for r in table.itertuples()],
-                  fontsize=8)
+    ax.set_yticks(y, [f"{r.group_label} {r.ranks}r s{r.seed}: {r.role}"
+                      for r in table.itertuples()], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of the role's logged time (summed over its ranks)")
@@ -252,14 +283,14 @@ def roles_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
 
 # -- 4c. bytes per env step ---------------------------------------------------------------------
 def bytes_figure(runs: pd.DataFrame) -> plt.Figure:
-    """Bytes every rank sent per env step, vs ranks, one line per design: what travels
+    """Bytes every rank sent per env step, vs ranks, one line per group: what travels
     (gradients, parameters, unrolls, observations and actions) and what it costs."""
     fig, ax = plt.subplots(figsize=(7, 4.6))
     done = runs[runs["finished"]]
-    for (topo, mode), d in done.groupby(["topology", "mode"]):
+    styles = group_styles(done)
+    for (group, label), d in done.groupby(["group", "group_label"]):
         d = d.groupby("ranks", as_index=False)["bytes_per_env_step"].mean()
-        ax.plot(d["ranks"], d["bytes_per_env_step"], marker="o",
-                label=_design_label(topo, mode), **_style(topo, mode))
+        ax.plot(d["ranks"], d["bytes_per_env_step"], label=label, **styles[group])
     ax.set(xlabel="MPI ranks", ylabel="bytes sent per env step (all ranks)",
            title="What travels, per env step")
     ax.set_yscale("log")
@@ -274,27 +305,32 @@ def bytes_figure(runs: pd.DataFrame) -> plt.Figure:
 
 # -- 5. learning curves ------------------------------------------------------------------------
 def learning_figure(runs: list[Run], smooth: int = 50) -> plt.Figure:
-    """Return vs env steps and vs wall-clock, one line per run."""
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), sharey=True)
+    """Return vs env steps and vs wall-clock, one line per run, one row of panels per env
+    (returns of different tasks never share an axis)."""
+    envs = sorted({run.config["env"] for run in runs})
+    fig, axes = plt.subplots(len(envs), 2, figsize=(14, 4.8 * len(envs)), squeeze=False)
     palette = plt.get_cmap("tab10").colors
-    for i, run in enumerate(sorted(runs, key=lambda r: r.name)):
+    for i, run in enumerate(sorted(runs, key=lambda r: (r.title, r.name))):
         e = run.episodes
         if not len(e):
             continue
+        row = axes[envs.index(run.config["env"])]
         ret = e["return"].rolling(min(smooth, len(e)), min_periods=1).mean()
         strag = ",".join(run.config.get("straggler") or [])
-        label = f"{run.label} {run.meta['world_size']}r" + \
-            (f" straggler {strag}" if strag else "")
+        label = f"{run.title} {run.meta['world_size']}r s{run.config['seed']}" + \
+            (f" straggler {strag}" if strag and "straggler=" not in run.title else "")
         style = dict(color=palette[i % len(palette)], linewidth=1.3, label=label,
                      linestyle=_style(run.config["topology"], run.config["mode"])["linestyle"])
-        axes[0].plot(e["env_steps"], ret, **style)
-        axes[1].plot(e["t_run_s"], ret, **style)
-    axes[0].set(xlabel="env steps (all ranks)", ylabel=f"episode return (mean of {smooth})",
-                title="vs experience")
-    axes[1].set(xlabel="wall-clock seconds", title="vs time")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, ncol=2)
+        row[0].plot(e["env_steps"], ret, **style)
+        row[1].plot(e["t_run_s"], ret, **style)
+    for env, row in zip(envs, axes, strict=True):
+        row[0].set(xlabel="env steps (all ranks)", title=f"{env}: vs experience",
+                   ylabel=f"episode return (mean of {smooth})")
+        row[1].set(xlabel="wall-clock seconds", title=f"{env}: vs time")
+        row[1].sharey(row[0])
+        for ax in row:
+            ax.grid(alpha=0.3)
+        row[1].legend(fontsize=7, ncol=2)
     fig.suptitle("Learning curves")
     fig.tight_layout()
     return fig
@@ -327,7 +363,7 @@ def losses_figure(runs: list[Run], smooth: int = 20) -> plt.Figure:
             else u["env_steps"].cumsum()
         style = dict(color=palette[i % len(palette)], linewidth=1.2,
                      linestyle=MODE_STYLES.get(run.config["mode"], "-"),
-                     label=f"{run.label} {run.meta['world_size']}r")
+                     label=f"{run.title} {run.meta['world_size']}r s{run.config['seed']}")
         for ax, column in zip(axes, LOSSES, strict=True):
             if u[column].notna().any():
                 ax.plot(steps, u[column].rolling(min(smooth, len(u)), min_periods=1).mean(),

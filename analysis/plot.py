@@ -3,17 +3,21 @@
 Reads every run (a directory with ``run.h5``) and every microbenchmark file
 (``mpirl.bench --out FILE.h5``) at or below the given paths and writes, into OUT:
 
-``scaling``        env steps/s and updates/s vs ranks per topology x mode, with ideal
-                   linear scaling and parallel efficiency (needs runs at 2+ rank counts);
+``scaling``        env steps/s and updates/s vs ranks, one line per group, with ideal
+                   linear scaling and parallel efficiency from each group's measured base
+                   (needs runs at 2+ rank counts);
 ``timeline-RUN``   compute / waiting / transfer along time, rank by rank, for a window
                    of updates of the largest run of each mode (``--timeline RUN`` to choose);
-``breakdown``      mean seconds per update stacked by phase, per topology x mode x ranks;
+``breakdown``      mean seconds per update stacked by phase, per group x ranks;
 ``staleness``      histogram of applied gradients' staleness (async / quorum runs);
 ``learning``       return vs env steps and vs wall-clock, one line per run;
 ``losses``         policy loss, value loss, entropy and approximate KL per gradient;
 ``sim_steps``      distribution of per-step simulator time (L2Run-v0, Delay-v0 runs);
 ``latency``        collective latency and bandwidth vs message size (benchmark files).
 
+Runs are grouped by their whole configuration apart from the seed and the run's name
+(``analysis.load``): seeds of one experiment are averaged, nothing else is, and each
+group is labelled with its design and the fields that tell it apart from the others.
 A figure whose data is absent is skipped with a line saying why; a summary table of
 the runs is written as ``runs.csv``.
 """
@@ -80,8 +84,9 @@ def run_figures(sweep, args, out: Path, save, skipped: list[str]) -> None:
             save(draw(chosen), name)
         else:
             skipped.append(f"{name}: {why_not}")
-    print(scaling(sweep.runs)[["topology", "mode", "straggler", "ranks", "env_steps_per_s",
-                               "updates_per_s", "efficiency"]].to_string(index=False))
+    print(scaling(sweep.runs)[["group_label", "ranks", "seeds", "env_steps_per_s",
+                               "updates_per_s", "efficiency", "efficiency_base"]]
+          .to_string(index=False))
 
 
 def main(argv: list[str] | None = None) -> int:

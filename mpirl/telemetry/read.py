@@ -64,10 +64,22 @@ class Run:
     #: one row per rank failure a survivor lived through (--on-failure shrink):
     #: run, rank, update, t_s, unix_s, detect_s, recover_s, size_after, failed
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: set by ``analysis.load_sweep``: the design's label and the fields that tell this
+    #: run's experiment apart from the others loaded with it
+    group_label: str = ""
+    #: set by ``analysis.load_sweep`` where two runs loaded together share a directory
+    #: name: the shortest tail of the path that tells them apart
+    alias: str = ""
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return self.alias or self.path.name
+
+    @property
+    def title(self) -> str:
+        """What figures call the run: its group's label where a sweep set one, else its
+        design's label."""
+        return self.group_label or self.label
 
     @property
     def label(self) -> str:
