@@ -21,6 +21,7 @@ from mpirl.study.figures import predicted_scaling_figure  # noqa: F401
 from mpirl.telemetry.schema import ACTOR_LEARNER_MODES, LOSSES
 
 from .load import COMPUTE_PHASES, Run, breakdown, role_breakdown, scaling
+from .spans import PART_LABELS, spans
 
 #: MPICH's forced algorithms in mpirl.bench results (dashed lines)
 MPICH_COLORS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#ff7f0e"]
@@ -30,20 +31,6 @@ PART_COLORS = {"env_s": "#4c72b0", "forward_s": "#8da0cb", "straggle_s": "#c6dbe
                "infer_wait_s": "#e6a0c4", "send_s": "#937860", "param_wait_s": "#f0b27a",
                "batch_wait_s": "#fdd9b5", "reply_s": "#b07aa1", "data_wait_s": "#ffbe7d",
                "publish_s": "#76b7b2", "replay_s": "#edc948"}
-PART_LABELS = {"env_s": "env", "forward_s": "forward", "straggle_s": "straggler slowdown",
-               "backward_s": "backward", "optimizer_s": "optimizer",
-               "other_s": "other (bookkeeping)",
-               "wait_s": "exchange: waiting", "transfer_s": "exchange: transfer",
-               "exchange_s": "exchange", "infer_wait_s": "actor: waiting for actions",
-               "send_s": "sending", "param_wait_s": "actor: waiting for the reply",
-               "batch_wait_s": "inference: waiting for a batch", "reply_s": "inference: replying",
-               "data_wait_s": "learner: waiting for data", "publish_s": "publishing parameters",
-               "replay_s": "replay: insert, sample, priorities"}
-#: the order a row's phases are drawn in where they interleave within it (impala, seed,
-#: ga3c: e.g. a seed actor's env steps and waits for actions alternate step by step)
-ROW_ORDER = ("env_s", "forward_s", "infer_wait_s", "straggle_s", "send_s", "param_wait_s",
-             "batch_wait_s", "reply_s", "data_wait_s", "backward_s", "exchange_s",
-             "optimizer_s", "publish_s", "replay_s")
 #: the designs drawn by mode alone (actor-learner and replay designs): a colour each,
 #: dash-dot lines
 DESIGN_COLORS = {"impala": "#9467bd", "seed": "#e377c2", "ga3c": "#bcbd22",
@@ -148,36 +135,24 @@ def timeline_window(run: Run, updates: int = 8) -> tuple[float, float]:
 
 def timeline_figure(run: Run, window: tuple[float, float] | None = None) -> plt.Figure:
     """Compute, waiting and transfer as bars along time, one row per rank."""
-    u = run.updates.copy()
-    t0 = u["t_unix_s"].min() - u["t_run_s"].min()
+    u = run.updates
     lo, hi = window or timeline_window(run)
     u = u[(u["t_run_s"] + u["busy_s"] >= lo) & (u["t_run_s"] <= hi)]
     ranks = sorted(run.updates["rank"].unique())
     sequential = run.config["mode"] in ACTOR_LEARNER_MODES
     fig, ax = plt.subplots(figsize=(13, 0.55 * len(ranks) + 1.8))
-    for _, r in u.iterrows():
-        y = r["rank"]
+    for r in u.itertuples():
         # the whole update in the 'other' colour: what no phase covers shows through
-        ax.broken_barh([(r["t_run_s"], r["busy_s"])], (y - 0.38, 0.76),
+        ax.broken_barh([(r.t_run_s, r.busy_s)], (r.rank - 0.38, 0.76),
                        color=PART_COLORS["other_s"], linewidth=0)
-        ex = r["exchange_unix_s"] - t0
-        collect = r["env_s"] + r["forward_s"]
-        segments = [(r["t_run_s"], collect, "env_s"),
-                    (r["t_run_s"] + collect, r["straggle_s"], "straggle_s")]
-        if sequential:      # one row interleaves its phases step by step: drawn in turn
-            segments, at = [], r["t_run_s"]
-            for part in ROW_ORDER:
-                segments.append((at, r[part], part))
-                at += r[part]
-        elif not math.isnan(ex):
-            segments += [(ex - r["backward_s"], r["backward_s"], "backward_s"),
-                         (ex, r["wait_s"], "wait_s"),
-                         (ex + r["wait_s"], r["transfer_s"], "transfer_s"),
-                         (ex + r["exchange_s"], r["optimizer_s"], "optimizer_s")]
-        for start, width, part in segments:
-            if width > 0:
-                ax.broken_barh([(start, width)], (y - 0.38, 0.76), color=PART_COLORS[part],
-                               linewidth=0)
+    # the exchange as one bar where phases are drawn in turn, else its wait and transfer;
+    # the rollout's env and forward passes in one colour where they interleave
+    hidden = ("wait_s", "transfer_s") if sequential else ("exchange_s",)
+    drawn = spans(u, run.config["mode"])
+    for s in drawn[~drawn["part"].isin(hidden)].itertuples():
+        colour = "env_s" if s.part == "forward_s" and not sequential else s.part
+        ax.broken_barh([(s.start_s, s.dur_s)], (s.rank - 0.38, 0.76),
+                       color=PART_COLORS[colour], linewidth=0)
     roles = run.updates.groupby("rank")["role"].first()
     ax.set_yticks(ranks, [f"rank {r}" + (f" ({roles[r]})" if roles[r] != "worker" else "")
                           for r in ranks])
