@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from .actorlearner import ActorLearnerFields, check_actor_learner
 from .design import DesignFields, check_design, check_wiring, parse_stragglers
 from .env import EnvFields, check_budget, check_env
-from .learner import LearnerFields, check_learner
+from .learner import LearnerFields, check_learner, check_model
 from .loading import SafeLoader, coerce, load_yaml, printable
 from .replay import ReplayFields, check_replay
 from .resilience import ResilienceFields, check_resilience
@@ -22,7 +22,7 @@ from .telemetry import TelemetryFields, check_telemetry
 
 #: the groups' checks, in the order a configuration is validated
 CHECKS = (check_design, check_actor_learner, check_replay, check_wiring, check_learner,
-          check_telemetry, check_resilience, check_env, check_budget)
+          check_telemetry, check_resilience, check_env, check_model, check_budget)
 
 
 @dataclass

@@ -11,8 +11,9 @@ from .checks import at_least, doc
 @dataclass
 class EnvFields:
     env: str = doc("gymnasium environment id; also mpirl's own L2Run-v0 (Learning to Run on "
-                    "OpenSim) and Delay-v0 (a synthetic env with a tunable step cost)",
-                    default="CartPole-v1")
+                    "OpenSim) and Delay-v0 (a synthetic env with a tunable step cost); "
+                    "MODULE:ENV_ID imports MODULE first (which registers your env), as "
+                    "gymnasium.make does", default="CartPole-v1")
     env_arg: list = doc(
         "argument of L2Run-v0 or Delay-v0 as KEY=VALUE (repeatable), e.g. difficulty=2, "
         "cost_s=0.01, dist=lognormal", default_factory=list)
@@ -24,17 +25,39 @@ class EnvFields:
                               default=16)
 
 
-def check_env(cfg, world_size: int) -> None:
+def registered_id(env: str) -> str:
+    """The gymnasium id ``env`` names, its module imported first where it is given as
+    ``MODULE:ENV_ID`` (gymnasium.make's syntax); ConfigError when the module cannot be
+    imported or the id is not registered."""
+    import importlib
+
     import gymnasium
 
-    from ..parts.envs import check_env_args   # registers L2Run-v0, Delay-v0 (no OpenSim)
+    from ..parts import envs  # noqa: F401  (registers L2Run-v0, Delay-v0; no OpenSim)
 
-    if cfg.env not in gymnasium.registry:
-        close = [e for e in gymnasium.registry if cfg.env.split("-")[0].lower() in e.lower()]
+    module, sep, env_id = env.rpartition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"env={env!r}: cannot import {module!r} ({err}); it must be "
+                              "importable where the ranks start (the working directory or "
+                              "PYTHONPATH)") from None
+    if env_id not in gymnasium.registry:
+        close = [e for e in gymnasium.registry if env_id.split("-")[0].lower() in e.lower()]
         hint = f" (did you mean {', '.join(close[:5])}?)" if close else ""
-        raise ConfigError(f"env={cfg.env!r} is not a registered gymnasium id{hint}")
+        after = f" after importing {module}" if sep else ""
+        raise ConfigError(f"env={env!r} is not a registered gymnasium id{after}{hint}; "
+                          "allowed: a registered id, or MODULE:ENV_ID for your own")
+    return env_id
+
+
+def check_env(cfg, world_size: int) -> None:
+    from ..parts.envs import check_env_args
+
+    env_id = registered_id(cfg.env)
     try:
-        check_env_args(cfg.env, cfg.env_kwargs())
+        check_env_args(env_id, cfg.env_kwargs())
     except ValueError as err:
         raise ConfigError(str(err)) from None
     for name in ("total_steps", "num_envs", "rollout_steps"):

@@ -57,6 +57,11 @@ class LearnerFields:
     init_log_std: float = doc("initial log std of a Box policy (state-independent)",
                                default=-0.5)
     adam_eps: float = doc("Adam's epsilon (CleanRL's PPO: 1e-5)", default=1e-8)
+    model: str = doc(
+        "your own network instead of the MLP: MODULE:FUNCTION, called as FUNCTION(obs_space, "
+        "act_space, cfg) -> torch.nn.Module whose forward(obs batch) returns (policy "
+        "logits or action means, values); the actor-critic designs only; checked at start "
+        "(docs/api.md)", default="")
 
 
 def check_learner(cfg, world_size: int) -> None:
@@ -90,3 +95,22 @@ def check_learner(cfg, world_size: int) -> None:
         at_least(name, getattr(cfg, name), 0.0)
     if not cfg.hidden or not all(type(h) is int and h > 0 for h in cfg.hidden):
         raise ConfigError(f"hidden={cfg.hidden!r}; allowed: a non-empty list of positive ints")
+
+
+def check_model(cfg, world_size: int) -> None:
+    """``--model``: an actor-critic design, and a factory whose network fits the env
+    (after check_env: it builds the env to learn its spaces)."""
+    if not cfg.model:
+        return
+    design = registry.design(cfg.mode)
+    if design.learner != "actor-critic":
+        takers = [d.name for d in registry.DESIGNS.values() if d.learner == "actor-critic"]
+        raise ConfigError(f"model={cfg.model!r} is not taken by mode={cfg.mode!r} (its "
+                          f"{design.learner} learner builds its own networks); allowed "
+                          f"with mode {', '.join(takers)}")
+    from ..parts.learner.custom import check_model as check   # torch: only with --model
+
+    try:
+        check(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

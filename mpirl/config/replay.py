@@ -121,13 +121,16 @@ def _action_space(cfg) -> str | None:
     import gymnasium
 
     from ..parts.envs import check_env_args   # registers L2Run-v0 and Delay-v0
+    from .env import registered_id
 
-    if cfg.env not in gymnasium.registry:
-        return None
-    if cfg.env == "L2Run-v0":
+    try:
+        env_id = registered_id(cfg.env)
+    except ConfigError:
+        return None                                  # check_env says why
+    if env_id == "L2Run-v0":
         return "Box"                                 # not built here: OpenSim is slow
     try:
-        check_env_args(cfg.env, cfg.env_kwargs())
+        check_env_args(env_id, cfg.env_kwargs())
     except ValueError:
         return None                                  # check_env names the argument
     env = gymnasium.make(cfg.env, **cfg.env_kwargs())

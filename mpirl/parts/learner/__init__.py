@@ -108,9 +108,14 @@ class Learner(FlatLearner):
         self.cfg = cfg
         self.obs_space, self.act_space = obs_space, act_space
         torch.manual_seed(cfg.seed)            # the same initial replica on every rank
-        self.model = ActorCritic(obs_space, act_space, cfg.hidden, cfg.activation,
-                                 cfg.layer_norm, init_log_std=cfg.init_log_std,
-                                 obs_norm=cfg.obs_norm)
+        if cfg.model:                          # --model: the user's network
+            from .custom import build
+
+            self.model = build(cfg, obs_space, act_space)
+        else:
+            self.model = ActorCritic(obs_space, act_space, cfg.hidden, cfg.activation,
+                                     cfg.layer_norm, init_log_std=cfg.init_log_std,
+                                     obs_norm=cfg.obs_norm)
         self.flat = FlatParams(self.model)
         self.opt = FlatAdam(self.flat.flat, lr=cfg.lr, eps=cfg.adam_eps)
         #: --obs-norm: the statistics the model normalizes with, and the last batch's
