@@ -72,7 +72,7 @@ def clean_exits() -> dict:
     from .errors import ReplicaDivergence, StartupMismatch
     from .resilience.stop import StopRequested
 
-    return {StopRequested: (143, ""),                # every rank stopped at the same update
+    return {StopRequested: (None, ""),   # every rank stopped at the same update: 128 + signal
             StartupMismatch: (2, "error: "),
             ReplicaDivergence: (3, "error: ")}
 
@@ -97,6 +97,10 @@ def run_main(argv: list[str] | None = None) -> int:
         train(cfg, comm)
     except tuple(exits) as err:
         code, prefix = exits[type(err)]
+        if code is None:                    # 130 after Ctrl-C, 143 after SIGTERM
+            from .resilience.stop import received
+
+            code = 128 + (received() or 15)
         if rank == 0:
             print(f"mpirl.run: {prefix}{err}", file=sys.stderr, flush=True)
         return code

@@ -73,4 +73,4 @@ def test_help_lists_every_design_by_its_row():
                           text=True, check=True).stdout
     flat = " ".join(text.split())
     for design in registry.DESIGNS.values():
-        assert f"{design.name} ({' '.join(design.about.split())[:30]}" in flat
+        assert f"{design.name} {' '.join(design.about.split())[:30]}" in flat

@@ -23,30 +23,76 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see --help)")
 
 
+#: the option groups of ``--help``: each field group's title, in the order a
+#: configuration is read (the Config dataclass's bases, first to last)
+GROUPS = {
+    "DesignFields": "design: what is compared (mode, topology, quorum, stragglers)",
+    "EnvFields": "environment and budget",
+    "LearnerFields": "learner: losses, optimizer, network, the book's tricks",
+    "ActorLearnerFields": "actor-learner designs (impala, seed, ga3c)",
+    "ReplayFields": "replay designs (apex, gorila, sync-replay): replay, DQN, SAC, shards",
+    "TelemetryFields": "run files, progress and logs",
+    "ResilienceFields": "faults, checkpoints, resume, replay of schedules",
+}
+
+
+def _owner(name: str) -> str:
+    """The field group (dataclass base of Config) that declares field ``name``."""
+    for base in reversed(Config.__mro__):
+        if name in getattr(base, "__dataclass_fields__", {}) and base.__name__ in GROUPS:
+            return base.__name__
+    raise KeyError(name)
+
+
+def _designs() -> str:
+    from .. import registry
+
+    import textwrap
+
+    lines = ["designs (--mode):"]
+    for d in registry.DESIGNS.values():
+        lines += textwrap.wrap(f"{d.name:<12} {d.about}", 88, initial_indent="  ",
+                               subsequent_indent=" " * 15)
+    return "\n".join(lines)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The description and epilog as written (one line per design); options wrapped."""
+
+
 def build_parser(prog: str = "python -m mpirl.run") -> argparse.ArgumentParser:
     parser = _Parser(
-        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Train an actor-critic on every MPI rank, exchanging gradients "
-                    "through a chosen topology. Launch with: mpirun -np N " + prog)
+        prog=prog, formatter_class=_Formatter,
+        description="Run one distributed RL design on every MPI rank: what travels between "
+                    "the ranks (gradients,\nparameters, unrolls, observations, transitions) "
+                    "is the design's (--mode); how gradients\nare combined is the "
+                    f"topology's (--topology). Launch with: mpirun -np N {prog}\n\n"
+                    + _designs(),
+        epilog="Every flag also reads from --config YAML (snake_case keys); flags given "
+               "here go on top.\nThe Python API: mpirl.train(config, ranks=N) "
+               "(docs/api.md).")
     parser.add_argument("--config", metavar="YAML",
                         help="experiment file; flags given here override its values")
+    groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
     defaults = Config()
     for f in fields(Config):
+        group = groups[_owner(f.name)]
         default = getattr(defaults, f.name)
         flag = "--" + f.name.replace("_", "-")
+        shown = "" if default in ("", []) else f" (default: {default})"
         if isinstance(default, bool):
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=f.metadata["help"] + f" (default: {default})")
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=None, help=f.metadata["help"] + shown)
         elif f.name in REPEATABLE:
-            parser.add_argument(flag, dest=f.name, action="append", default=None,
-                                metavar=REPEATABLE[f.name], help=f.metadata["help"])
+            group.add_argument(flag, dest=f.name, action="append", default=None,
+                               metavar=REPEATABLE[f.name], help=f.metadata["help"])
         elif isinstance(default, list):
-            parser.add_argument(flag, dest=f.name, type=int, nargs="+", default=None,
-                                metavar="N", help=f.metadata["help"] + f" (default: {default})")
+            group.add_argument(flag, dest=f.name, type=int, nargs="+", default=None,
+                               metavar="N", help=f.metadata["help"] + shown)
         else:
-            parser.add_argument(flag, dest=f.name, type=type(default), default=None,
-                                metavar=type(default).__name__.upper(),
-                                help=f.metadata["help"] + f" (default: {default})")
+            group.add_argument(flag, dest=f.name, type=type(default), default=None,
+                               metavar=type(default).__name__.upper(),
+                               help=f.metadata["help"] + shown)
     return parser
 
 

@@ -19,9 +19,8 @@ LATE_POLICIES = ("drop", "apply")
 class DesignFields:
     topology: str = doc("gradient exchange, a name registered in topologies/", default="butterfly")
     mode: str = doc(
-        "training design: " + "; ".join(f"{d.name} ({d.about})"
-                                        for d in registry.DESIGNS.values())
-        + " (docs/modes.md)", default="sync")
+        "training design: " + ", ".join(registry.DESIGNS) + " (each described above; "
+        "docs/modes.md)", default="sync")
     quorum: int = doc("quorum mode: fresh gradients the server waits for per update; "
                        "0 = half the workers, rounded up", default=0)
     late: str = doc("quorum mode: a gradient computed on old parameters is 'drop'ped or "

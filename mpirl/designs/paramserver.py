@@ -55,8 +55,8 @@ are: sent == applied + dropped over the whole run, before and after the resume.
 Stop (SIGTERM/SIGINT): a signalled server opens a ``SNAPSHOT_STOP`` generation (after
 the one that may be open); a signalled worker sets ``stop`` in its next push's metadata,
 and the server does the same.  Every rank writes its checkpoint, closes its log and ends
-with :class:`~mpirl.resilience.stop.StopRequested` (exit 143).  A budget already spent
-wins: the run then ends normally.
+with :class:`~mpirl.resilience.stop.StopRequested` (exit 143; 130 after Ctrl-C).  A
+budget already spent wins: the run then ends normally.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, make_policy) -> Summary:
     part.run()
     if part.stopped:                     # a stop snapshot: every rank wrote its side
         part.log.close()
-        raise StopRequested(part.position, run_dir)
+        raise StopRequested(part.position, run_dir, comm.Get_size())
     summary = Summary.of(cfg, ps.size, learner)
     part.fill(summary)
     summary.phase_s = comm.bcast(summary.phase_s if ps.rank == 1 else None, root=1)

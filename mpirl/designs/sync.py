@@ -242,7 +242,7 @@ class SyncRank:
         self.checkpoint()
         self.log.close()
         self.progress.close()
-        raise StopRequested(self.count.update, self.run_dir)
+        raise StopRequested(self.count.update, self.run_dir, self.exchange.size)
 
     def report(self) -> bool:
         """A progress line (rank 0, or the lowest survivor); True when every rank's recent

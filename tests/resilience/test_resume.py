@@ -54,9 +54,13 @@ def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
             assert np.all(np.diff(f["updates"]["t_s"]) > 0)   # one clock across the resume
 
 
-def test_sigterm_checkpoints_on_every_rank_and_the_run_resumes(tmp_path):
+def test_ctrl_c_checkpoints_on_every_rank_and_the_run_resumes(tmp_path):
+    """Ctrl-C (SIGINT to mpiexec, which forwards it): exit 130, as shells report it, and
+    the whole resume command printed."""
     args = ["--total-steps", "24000", *BATCH, "--checkpoint-every", "1000", "--log-every", "5"]
-    out, stopped_at = stop_with_sigterm(2, args, tmp_path / "t", progress_lines=2)
+    out, stopped_at = stop_with_sigterm(2, args, tmp_path / "t", progress_lines=2,
+                                        sig=signal.SIGINT)
+    assert f"continue with  mpirun -np 2 python -m mpirl.run --resume {tmp_path / 't'}" in out
     assert 0 < stopped_at < 750
     for r in range(2):
         assert (tmp_path / "t" / "checkpoints" / f"rank{r:04d}.pt").is_file()
@@ -171,10 +175,11 @@ def test_killed_parameter_server_run_resumes_with_every_push_counted_once(
 
 
 def stop_with_sigterm(nranks: int, args: list[str], run_dir, *, progress_lines: int,
-                      rank: int | None = None) -> tuple[str, int]:
-    """Start a run, send SIGTERM once progress.csv has ``progress_lines`` lines (to
+                      rank: int | None = None,
+                      sig: int = signal.SIGTERM) -> tuple[str, int]:
+    """Start a run, send ``sig`` once progress.csv has ``progress_lines`` lines (to
     mpiexec, which forwards it to every rank, or to ``rank`` alone), check that it
-    stopped (exit 143, the resume command); return its output and the update it
+    stopped (exit 128 + sig, the resume command); return its output and the update it
     stopped after."""
     with start_mpi(nranks, ["-m", "mpirl.run", *args, "--run-dir", str(run_dir.parent),
                             "--run-name", run_dir.name]) as job:
@@ -186,12 +191,12 @@ def stop_with_sigterm(nranks: int, args: list[str], run_dir, *, progress_lines: 
         # what Slurm does at the time limit: to mpiexec, or to one rank (its pid: from the
         # status file it publishes for its sentinel)
         if rank is None:
-            job.signal(signal.SIGTERM)
+            job.signal(sig)
         else:
-            os.kill(read_status(status_dir(run_dir) / f"rank{rank:04d}")["pid"], signal.SIGTERM)
-        job.wait(60, what="the run did not stop within 60 s of SIGTERM")
+            os.kill(read_status(status_dir(run_dir) / f"rank{rank:04d}")["pid"], sig)
+        job.wait(60, what=f"the run did not stop within 60 s of signal {sig}")
     out = job.output
-    assert job.returncode == 143, out[-2000:]
+    assert job.returncode == 128 + sig, out[-2000:]
     assert "stopped by a signal after update" in out and "--resume" in out
     return out, int(out.split("stopped by a signal after update ")[1].split(";")[0])
 
