@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dir.mkdir(parents=True, exist_ok=True)
         digests = json.loads(store.read_text()) if store.is_file() else {}
         for name in names:
+            shutil.rmtree(args.dir / name, ignore_errors=True)   # recorded anew
             digests[name] = run_case(name, args.dir, None, args.timeout_s)
             print(f"{name:22s} {digests[name]}", flush=True)
             store.write_text(json.dumps(digests, indent=1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 
 #: MPICH control variables set (unless the user already set them) for every launch.
 #:
@@ -45,6 +46,19 @@ def mpi_library() -> str:
     from mpi4py import MPI
 
     return MPI.Get_library_version().replace("\0", "").strip().splitlines()[0].strip()
+
+
+def process_start_unix() -> float | None:
+    """When this process started (Unix seconds, to about 10 ms), from /proc: its start in
+    clock ticks since boot against the time since boot now (None where there is none)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])   # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def cpu_count() -> int:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import csv
+import os
 import sys
 
 import pytest
 import yaml
 
 import topologies
-from conftest import SHORT
+from conftest import SHORT, SMALL, train
 from mpirl.launch import mpiexec_path
 from mpirun import run_mpi
 
@@ -81,6 +82,49 @@ def test_bad_flags_fail_fast_with_one_message(tmp_path, args, fragment):
     assert fragment in result.output, result.output
     assert "Traceback" not in result.output
     assert not any(tmp_path.iterdir()), "a failed start must not create a run directory"
+
+
+def test_a_run_is_never_written_over_and_a_bad_run_dir_is_one_line(tmp_path):
+    train(tmp_path, 2, "--total-steps", "256", name="first")
+    log = tmp_path / "first" / "run.h5"
+    before = (log.stat().st_mtime_ns, log.stat().st_size)
+    again = run_mpi(2, ["-m", "mpirl.run", *SMALL, "--run-dir", str(tmp_path), "--run-name",
+                        "first"], timeout_s=120, check=False)
+    assert again.returncode == 2
+    assert again.output.strip() == (
+        f"mpirl.run: error: run_name='first': {tmp_path / 'first'} already holds a run; "
+        f"allowed: another --run-name, --resume {tmp_path / 'first'} to continue it, or "
+        "remove it first")
+    assert (log.stat().st_mtime_ns, log.stat().st_size) == before
+    (tmp_path / "afile").write_text("")
+    bad = run_mpi(2, ["-m", "mpirl.run", "--run-dir", str(tmp_path / "afile" / "runs")],
+                  timeout_s=120, check=False)
+    assert bad.returncode == 2 and bad.output.strip() == (
+        f"mpirl.run: error: run_dir='{tmp_path / 'afile' / 'runs'}': {tmp_path / 'afile'} is "
+        "a file; allowed: a directory (made if missing)")
+
+
+def test_what_a_run_ignores_or_cannot_do_is_said_in_one_line(tmp_path):
+    """A topology a design does not use (left out of the run's name), sharded servers
+    with the default --checkpoint-every, and more ranks than cores: each one line."""
+    job = run_mpi(3, ["-m", "mpirl.run", "--mode", "seed", "--topology", "ring",
+                      "--total-steps", "600", "--log-every", "100", "--run-dir",
+                      str(tmp_path / "seed")], timeout_s=180)
+    notes = [line for line in job.output.splitlines() if line.startswith("mpirl: note")]
+    assert notes == ["mpirl: note: --topology ring plays no part in this run (mode seed)"]
+    (name,) = [p.name for p in (tmp_path / "seed").iterdir()]
+    assert name.startswith("seed-3r-")
+    crowded = len(os.sched_getaffinity(0)) < 3
+    warned = [line for line in job.output.splitlines() if "oversubscribed" in line]
+    assert warned == (["mpirl: warning: 3 ranks share "
+                       f"{len(os.sched_getaffinity(0))} cores (oversubscribed): timings and "
+                       "throughput are suspect"] if crowded else [])
+    job = run_mpi(3, ["-m", "mpirl.run", "--mode", "async", "--topology", "star", "--servers",
+                      "2", "--total-steps", "600", "--log-every", "100", "--run-dir",
+                      str(tmp_path / "async")], timeout_s=180)
+    notes = [line for line in job.output.splitlines() if line.startswith("mpirl: note")]
+    assert notes == ["mpirl: note: sharded servers (--servers 2) take no checkpoint "
+                     "snapshots yet: --checkpoint-every 100 has no effect in this run"]
 
 
 @pytest.mark.parametrize("nranks, args, fragment", [

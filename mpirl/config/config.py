@@ -54,6 +54,13 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         """This mode's row of the design registry."""
         return registry.design(self.mode)
 
+    @property
+    def uses_topology(self) -> bool:
+        """``--topology`` plays a part: the design allreduces (or is the star's server), or
+        impala's several learners combine their gradients with it."""
+        use = self.design.topology_use
+        return use in ("allreduce", "star") or (use == "learners" and self.learners > 1)
+
     def roles(self, world_size: int) -> tuple[str, ...]:
         """The role of each rank (:meth:`mpirl.registry.Design.roles`)."""
         return self.design.roles(self, world_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from .checks import at_least, doc
 
 
@@ -30,7 +31,29 @@ class TelemetryFields:
                               default=0)
 
 
+def check_run_dir(cfg) -> None:
+    """The run's directory can be made and holds no earlier run: a run is never written
+    over (``--resume`` continues one in place)."""
+    from pathlib import Path
+
+    parent = Path(cfg.run_dir)
+    for above in (parent, *parent.parents):
+        if above.exists():
+            if not above.is_dir():
+                raise ConfigError(f"run_dir={cfg.run_dir!r}: {above} is a file; allowed: a "
+                                  "directory (made if missing)")
+            break
+    if cfg.resume or not cfg.run_name:       # a default name carries the time of day
+        return
+    earlier = parent / cfg.run_name
+    if (earlier / "run.h5").exists() or (earlier / "config.yaml").exists():
+        raise ConfigError(f"run_name={cfg.run_name!r}: {earlier} already holds a run; "
+                          "allowed: another --run-name, --resume "
+                          f"{earlier} to continue it, or remove it first")
+
+
 def check_telemetry(cfg, world_size: int) -> None:
+    check_run_dir(cfg)
     for name in ("log_every", "log_flush_every"):
         at_least(name, getattr(cfg, name), 1)
     for name in ("checksum_every", "torch_threads"):

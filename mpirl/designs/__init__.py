@@ -11,7 +11,6 @@ else that follows from its wiring, is its row in the design registry
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from mpi4py import MPI
 
 from .. import registry
 from ..config import Config
-from ..launch import cpu_count
+from ..launch import cpu_count, process_start_unix
 from ..resilience import sentinel
 from ..telemetry import superblock
 from ..telemetry.h5log import rank_file, run_file
@@ -41,8 +40,8 @@ def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
         return Path(cfg.resume)
     path = None
     if comm.Get_rank() == 0:
-        name = cfg.run_name or (f"{cfg.topology}-{cfg.mode}-{comm.Get_size()}r-"
-                                f"{time.strftime('%Y%m%d-%H%M%S')}")
+        design = f"{cfg.topology}-{cfg.mode}" if cfg.uses_topology else cfg.mode
+        name = cfg.run_name or f"{design}-{comm.Get_size()}r-{time.strftime('%Y%m%d-%H%M%S')}"
         path = Path(cfg.run_dir) / name
         path.mkdir(parents=True, exist_ok=True)
         cfg.save(path / "config.yaml")
@@ -60,9 +59,15 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
         print(f"mpirl: {size} ranks ({workers} collecting experience), mode={cfg.mode}, "
               f"topology={cfg.topology}, env={cfg.env}, budget {cfg.total_steps} env steps",
               flush=True)
+        if not cfg.uses_topology and cfg.topology != "butterfly":
+            print(f"mpirl: note: --topology {cfg.topology} plays no part in this run (mode "
+                  f"{cfg.mode}{' with one learner' if cfg.mode == 'impala' else ''})",
+                  flush=True)
     # names this rank if it dies without a word, and mends the log its death cut short
     mend = (rank_file(run_dir, rank), *([run_file(run_dir)] if rank == 0 else []))
     watcher = sentinel.start(run_dir, rank, mend=mend, mender=superblock.__file__)
+    started = process_start_unix()
+    startup_s = time.time() - started if started else float("nan")
     try:
         summary = entry(cfg.mode)(cfg, comm, run_dir)
     except BaseException:
@@ -70,8 +75,9 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
         raise
     watcher.close(sentinel.CLEAN)
     summary.torch_threads = torch.get_num_threads()
+    summary.startup_s = startup_s
     if rank == summary.writer_rank:           # rank 0, or the lowest survivor of a failure
-        (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
+        (run_dir / "summary.json").write_text(summary.as_json())
         print(describe(summary))
         print(f"run files: {run_dir}/ (config.yaml, progress.csv, summary.json, run.h5 "
               "-> rankNNNN.h5)", flush=True)

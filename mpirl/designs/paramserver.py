@@ -90,6 +90,10 @@ _TAGS = {PARAMS: TAG_PARAMS, SNAPSHOT: TAG_SNAPSHOT, SNAPSHOT_STOP: TAG_SNAPSHOT
 
 def run_async(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     if cfg.servers > 1:          # the same workers, their gradients over sharded servers
+        if cfg.checkpoint_every and comm.Get_rank() == 0:
+            print(f"mpirl: note: sharded servers (--servers {cfg.servers}) take no checkpoint "
+                  f"snapshots yet: --checkpoint-every {cfg.checkpoint_every} has no effect in "
+                  "this run", flush=True)
         return run_sharded(cfg, comm, run_dir, make_worker=ShardedA3CWorker)
     return _run(cfg, comm, run_dir, lambda learner: AsyncPolicy())
 

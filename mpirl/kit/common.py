@@ -60,6 +60,7 @@ class Summary:
     updates: int = 0
     env_steps: int = 0
     wall_s: float = 0.0
+    startup_s: float = math.nan             # launch to training: imports, MPI, envs, model
     gradients_sent: int = 0
     gradients_applied: int = 0
     gradients_dropped: int = 0
@@ -105,8 +106,32 @@ class Summary:
         return cls(mode=cfg.mode, topology=cfg.topology, ranks=ranks,
                    gradient_bytes=learner.grad.nbytes)
 
+    #: what every run's summary holds, whatever its design (the rest: its ledgers')
+    COMMON = ("mode", "topology", "ranks", "updates", "env_steps", "wall_s", "startup_s",
+              "final_mean_return", "phase_s", "reached_target", "param_digest",
+              "gradient_bytes", "torch_threads", "updates_skipped", "ranks_failed",
+              "writer_rank")
+
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def as_json(self) -> str:
+        """summary.json: strict JSON (a figure that has no value, e.g. the mean return of
+        a run that finished no episode, is null, not NaN), with the figures every run
+        has and those of its design's ledgers (:data:`mpirl.registry.LEDGERS`) only."""
+        from .. import registry
+
+        keep = (*self.COMMON, *registry.design(self.mode).summary_fields())
+        values = asdict(self)
+
+        def strict(v):
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            if isinstance(v, dict):
+                return {k: strict(x) for k, x in v.items()}
+            return v
+
+        return json.dumps({k: strict(values[k]) for k in keep}, indent=2, allow_nan=False)
 
     def totals(self) -> dict:
         """The gradient totals, as stored in run.h5's attributes."""

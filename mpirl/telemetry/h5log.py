@@ -309,6 +309,10 @@ def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: l
         ranks = f.create_group("ranks")
         for r in range(world_size):
             ranks[f"{r:04d}"] = h5py.ExternalLink(f"rank{r:04d}.h5", "/")
+    if oversubscribed:
+        crowd, have = _crowding(hostnames, cores)
+        print(f"mpirl: warning: {crowd} ranks share {have} cores (oversubscribed): timings "
+              "and throughput are suspect", flush=True)
 
 
 #: batch-system variables worth keeping with a run (Slurm's job, array task and nodes)
@@ -360,16 +364,20 @@ def write_bench_file(path: Path, rows: np.ndarray, *, op: str, world_size: int,
         f.create_dataset("results", data=rows.astype(BENCH_DTYPE))
 
 
-def _oversubscribed(hostnames: list[str], cores: list[int]) -> bool:
-    """True when some node ran more ranks than it has cores.  The nodes of an emulated
-    cluster (``MPIRL_CLUSTER`` set) share one machine's cores: there, all ranks count."""
+def _crowding(hostnames: list[str], cores: list[int]) -> tuple[int, int]:
+    """The ranks and cores of the most crowded node.  The nodes of an emulated cluster
+    (``MPIRL_CLUSTER`` set) share one machine's cores: there, all ranks count."""
     if on_emulated_cluster():
-        return len(hostnames) > max(cores)
-    per_node: dict[str, int] = {}
-    for host in hostnames:
-        per_node[host] = per_node.get(host, 0) + 1
+        return len(hostnames), max(cores)
     cores_of = dict(zip(hostnames, cores, strict=True))
-    return any(n > cores_of[h] for h, n in per_node.items())
+    host = max(cores_of, key=lambda h: hostnames.count(h) / cores_of[h])
+    return hostnames.count(host), cores_of[host]
+
+
+def _oversubscribed(hostnames: list[str], cores: list[int]) -> bool:
+    """True when some node ran more ranks than it has cores."""
+    ranks, have = _crowding(hostnames, cores)
+    return ranks > have
 
 
 __all__ = ["EPISODE_DTYPE", "FAILURE_DTYPE", "LIBVER", "RankLog", "SIM_STEP_DTYPE", "TABLES",
