@@ -55,6 +55,20 @@ def _style(topology: str, mode: str) -> dict:
     return {"color": _color(topology), "linestyle": MODE_STYLES.get(mode, "-")}
 
 
+def log_ticks(axis) -> None:
+    """A log axis labelled at 1, 2 and 5 of every decade (plain numbers), so that a range
+    narrower than a decade still reads."""
+    axis.axes.set_xscale("log") if axis is axis.axes.xaxis else axis.axes.set_yscale("log")
+    axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    axis.set_minor_locator(matplotlib.ticker.LogLocator(base=10, subs=np.arange(1, 10)))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+#: env steps and seconds on a linear axis: 0, 250k, 500k, 1M rather than 1e6 offsets
+STEPS = matplotlib.ticker.EngFormatter(sep="")
+
+
 # -- 1. scaling --------------------------------------------------------------------------------
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -301,6 +315,7 @@ def learning_figure(runs: list[Run], smooth: int = 50) -> plt.Figure:
     for env, row in zip(envs, axes, strict=True):
         row[0].set(xlabel="env steps (all ranks)", title=f"{env}: vs experience",
                    ylabel=f"episode return (mean of {smooth})")
+        row[0].xaxis.set_major_formatter(STEPS)
         row[1].set(xlabel="wall-clock seconds", title=f"{env}: vs time")
         row[1].sharey(row[0])
         for ax in row:
@@ -327,10 +342,15 @@ def has_losses(run: Run) -> bool:
 def losses_figure(runs: list[Run], smooth: int = 20) -> plt.Figure:
     """Policy loss, value loss, entropy and approximate KL of every gradient computed,
     against the env steps all ranks had collected by then, one line per run (a rolling
-    mean over ``smooth`` rows of all worker ranks, in time order)."""
-    fig, axes = plt.subplots(1, len(LOSSES), figsize=(4.6 * len(LOSSES), 4.2))
+    mean over ``smooth`` rows of all worker ranks, in time order), one row of panels per
+    env (losses of different tasks never share an axis)."""
+    envs = sorted({run.config["env"] for run in runs})
+    fig, grid = plt.subplots(len(envs), len(LOSSES), figsize=(4.6 * len(LOSSES),
+                                                              3.9 * len(envs) + 0.8),
+                             squeeze=False)
     palette = plt.get_cmap("tab10").colors
-    for i, run in enumerate(sorted(runs, key=lambda r: r.name)):
+    for i, run in enumerate(sorted(runs, key=lambda r: (r.title, r.name))):
+        axes = grid[envs.index(run.config["env"])]
         u = run.updates[run.updates["role"].isin(LOSS_ROLES)].sort_values("t_unix_s")
         steps = run.updates[run.updates["role"].isin(("worker", "actor"))].sort_values(
             "t_unix_s").set_index("t_unix_s")["env_steps"].cumsum()
@@ -343,13 +363,19 @@ def losses_figure(runs: list[Run], smooth: int = 20) -> plt.Figure:
             if u[column].notna().any():
                 ax.plot(steps, u[column].rolling(min(smooth, len(u)), min_periods=1).mean(),
                         **style)
-    for ax, column in zip(axes, LOSSES, strict=True):
-        ax.set(title=LOSS_LABELS[column], xlabel="env steps (all ranks)")
-        ax.grid(alpha=0.3)
-        if not ax.lines:
-            ax.text(0.5, 0.5, "no run with --clip-ratio > 0" if column == "approx_kl"
-                    else "no data", ha="center", va="center", transform=ax.transAxes)
-    axes[0].legend(fontsize=7)
+    for env, axes in zip(envs, grid, strict=True):
+        for ax, column in zip(axes, LOSSES, strict=True):
+            ax.set(title=f"{env}: {LOSS_LABELS[column]}", xlabel="env steps (all ranks)")
+            ax.xaxis.set_major_formatter(STEPS)
+            ax.grid(alpha=0.3)
+            if not ax.lines:
+                ax.text(0.5, 0.5, "no run with --clip-ratio > 0" if column == "approx_kl"
+                        else "no data", ha="center", va="center", transform=ax.transAxes)
+                ax.set_xticks([])
+                ax.set_yticks([])
+        handles, labels = axes[0].get_legend_handles_labels()
+        axes[0].legend(handles, labels, fontsize=7, loc="upper left",
+                       bbox_to_anchor=(0.0, -0.2), frameon=False)
     fig.suptitle(f"Losses per gradient (rolling mean of {smooth}; each rank's own gradient, "
                  "before averaging)")
     fig.tight_layout()
@@ -398,9 +424,7 @@ def sim_steps_figure(runs: list[Run]) -> plt.Figure:
         t = run.sim_steps["sim_s"].to_numpy() * 1e3
         bins = np.logspace(np.log10(max(t.min(), 1e-3)), np.log10(t.max()), 50)
         ax.hist(t, bins=bins, color=_color(run.config["topology"]), alpha=0.8)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        log_ticks(ax.xaxis)
         median, p99 = np.quantile(t, [0.5, 0.99])
         for value, style in ((median, "-"), (p99, "--")):
             ax.axvline(value, color="black", linestyle=style, linewidth=1)
