@@ -41,6 +41,21 @@ def test_sync_run_writes_config_and_progress(tmp_path, name):
     assert summary["updates"] == 16 and summary["gradients_sent"] == 48
 
 
+@pytest.mark.parametrize("mode, role", [("impala", "learner"), ("seed", "learner")])
+def test_progress_of_an_actor_learner_design_shows_its_reporters_waiting(tmp_path, mode,
+                                                                          role):
+    """The reporting rank sees no worker's exchange: its line shows its own waiting share
+    (not a 0% exchange share), and progress.csv keeps it."""
+    result = run_mpi(3, ["-m", "mpirl.run", "--mode", mode, "--total-steps", "2000",
+                         "--log-every", "10", "--run-dir", str(tmp_path), "--run-name", "r"],
+                     timeout_s=180)
+    lines = [line for line in result.output.splitlines() if line.startswith("update")]
+    assert lines and all(f"{role} waits" in line and " comm " not in line for line in lines)
+    rows = read_progress(tmp_path / "r")
+    assert {r["wait_role"] for r in rows} == {role}
+    assert all(0.0 <= float(r["wait_share"]) <= 1.0 for r in rows)
+
+
 def test_sync_run_learns_cartpole(tmp_path):
     """The default learner must actually learn: returns rise well above a random policy's."""
     result = run_mpi(2, ["-m", "mpirl.run", "--total-steps", "40960", "--log-every", "40",

@@ -303,7 +303,8 @@ class ApexLearner:
             sampled=cfg.replay_batch, prio_updates=cfg.replay_batch,
             **{k: v for k, v in parts.items() if k in LOSSES}))
         if self.version % cfg.log_every == 0:
-            self.book.report(self.progress, self.version, self.lags)
+            self.book.report(self.progress, self.version, self.lags,
+                             waiting=self.log.waiting_share())
         self._check_stop()
 
     def _ask(self, shard: int) -> None:

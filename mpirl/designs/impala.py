@@ -278,7 +278,8 @@ class ImpalaLearner:
         self.stopping = self.book.ends(stops > 0 or signals > 0)
 
     def _report(self) -> None:
-        self.book.report(self.progress, self.version, self.queue.lags)
+        self.book.report(self.progress, self.version, self.queue.lags,
+                         waiting=self.log.waiting_share())
 
     def _drain(self, timer) -> None:
         """Take every actor's last unroll, answer it with STOP; what is queued is dropped."""

@@ -43,11 +43,14 @@ class Book:
         """The stop rule: the budget is spent, the target reached, or a stop ``asked``."""
         return self.env_steps >= self.total_steps or self.solved or asked
 
-    def report(self, progress, version: int, lags: list, comm_share: float = 0.0) -> None:
+    def report(self, progress, version: int, lags: list, comm_share: float | None = None,
+               waiting: tuple[str, float] | None = None) -> None:
         """One progress line (the mean of the last 100 ``lags``, policy lags or
-        staleness, in its staleness column); a fresh window."""
+        staleness, in its staleness column; the workers' ``comm_share``, or the
+        reporting rank's own ``waiting`` (role, share) where it sees no one else's
+        time); a fresh window."""
         recent = lags[-100:]
         progress.report(update=version, env_steps=self.env_steps, episodes=self.window[0],
-                        return_sum=self.window[1], comm_share=comm_share,
+                        return_sum=self.window[1], comm_share=comm_share, waiting=waiting,
                         mean_staleness=float(np.mean(recent)) if recent else 0.0)
         self.window = [0.0, 0.0]

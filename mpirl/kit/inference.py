@@ -371,7 +371,8 @@ class InferenceServer:
         self.stopping = book.ends(signalled)
 
     def _report(self) -> None:
-        self.book.report(self.progress, self.version, self.lags())
+        self.book.report(self.progress, self.version, self.lags(),
+                         waiting=self.log.waiting_share())
 
     def _drain(self, timer) -> None:
         """Answer every actor's next request with STOP; ga3c: end the trainer's stream."""

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 COLUMNS = ("update", "env_steps", "wall_s", "episodes", "mean_return", "steps_per_s",
-           "comm_share", "mean_staleness")
+           "comm_share", "mean_staleness", "wait_role", "wait_share")
 
 
 class Progress:
@@ -38,20 +38,29 @@ class Progress:
             self._open(append=True)
 
     def report(self, *, update: int, env_steps: int, episodes: float, return_sum: float,
-               comm_share: float, mean_staleness: float = math.nan) -> None:
+               comm_share: float | None, mean_staleness: float = math.nan,
+               waiting: tuple[str, float] | None = None) -> None:
+        """One line: ``comm_share`` is the workers' exchange share (the gradient
+        designs); ``waiting`` the reporting rank's role and its share of time waiting for
+        peers (designs whose reporting rank sees no one else's time: a learner, an
+        inference rank), printed as ``learner waits 23%``."""
         if not self.enabled:
             return
+        comm_share = math.nan if comm_share is None else comm_share
+        role, wait = waiting if waiting is not None else ("", math.nan)
         wall = time.perf_counter() - self.start
         mean = return_sum / episodes if episodes else math.nan
         rate = env_steps / wall if wall > 0 else math.nan
         episodes = int(episodes)
         self._csv.writerow([update, env_steps, f"{wall:.3f}", episodes, f"{mean:.3f}",
-                            f"{rate:.1f}", f"{comm_share:.4f}", f"{mean_staleness:.3f}"])
+                            f"{rate:.1f}", f"{comm_share:.4f}", f"{mean_staleness:.3f}", role,
+                            f"{wait:.4f}"])
         self._file.flush()
         stale = "" if math.isnan(mean_staleness) else f"  staleness {mean_staleness:5.2f}"
+        share = f"  {role} waits {100 * wait:4.1f}%" if role else \
+            ("" if math.isnan(comm_share) else f"  comm {100 * comm_share:4.1f}%")
         print(f"update {update:6d}  steps {env_steps:9d}  return {mean:8.2f} "
-              f"({episodes:3d} ep)  {rate:7.0f} steps/s  comm {100 * comm_share:4.1f}%{stale}",
-              flush=True)
+              f"({episodes:3d} ep)  {rate:7.0f} steps/s{share}{stale}", flush=True)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -76,5 +85,6 @@ def read_progress(run_dir: Path):
     path = Path(run_dir) / "progress.csv"
     if not path.is_file():
         return None
-    rows = np.genfromtxt(path, delimiter=",", names=True, ndmin=1)
+    rows = np.genfromtxt(path, delimiter=",", names=True, ndmin=1, dtype=None,
+                         encoding="utf-8")
     return rows if rows.size else None

@@ -14,6 +14,12 @@ from .h5log import RankLog, finish_run_file, write_run_file
 from .timing import PhaseTimer
 
 
+#: the update columns that are a rank waiting for a peer (the exchange's measured wait
+#: and each role's own: an actor's for actions or the learner's reply, an inference
+#: rank's for a batch, a learner's for data)
+WAITING = ("wait_s", "infer_wait_s", "param_wait_s", "batch_wait_s", "data_wait_s")
+
+
 class RunLogger:
     """The HDF5 log of one rank in one run: ``run.h5`` (rank 0) and ``rankNNNN.h5``.
 
@@ -44,6 +50,8 @@ class RunLogger:
         self._sources: tuple = ()
         self._waits: tuple = ()
         self._marks: list[tuple] = []
+        self.role = role
+        self._seconds = [0.0, 0.0]           # waiting, all logged, since waiting_share()
 
     def watch(self, *sources, waits=None, from_zero: bool = False) -> None:
         """Count traffic in every later row, from now: the bytes ``sources`` sent and
@@ -88,6 +96,14 @@ class RunLogger:
         self._mark()
         return {**moved, "wait_s": waited} if self._waits else moved
 
+    def waiting_share(self) -> tuple[str, float]:
+        """This rank's role and the share of its logged seconds it spent waiting for
+        peers (:data:`WAITING`) since the last call: the progress line's figure on ranks
+        that see no one else's time (a learner, an inference rank)."""
+        waited, total = self._seconds
+        self._seconds = [0.0, 0.0]
+        return self.role, waited / total if total else 0.0
+
     def begin(self) -> None:
         """The first update starts now; each later one starts where the last record ended."""
         self.update_start = self.log.now()
@@ -107,6 +123,8 @@ class RunLogger:
                "other_s": max(0.0, t0 - self.log.start - start - sum(phases.values()))}
         if exchange_at is not None:
             row["exchange_t_s"] = exchange_at - self.log.start
+        self._seconds[0] += sum(v for k, v in row.items() if k in WAITING and v == v)
+        self._seconds[1] += sum(phases.values()) + row["other_s"] + row["log_s"]
         self.log.add_update(row)            # (may flush)
         end = time.perf_counter()           # ... and one starts the next: rows tile time
         self._log_s = end - t0
