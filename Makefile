@@ -28,7 +28,7 @@ install: $(STAMP)
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,osim,mujoco]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,osim,mujoco,tensorboard]'
 	touch $@
 
 $(ULFM_STAMP): setup.py

@@ -49,6 +49,8 @@ setup(
         "notebooks": NOTEBOOKS,
         "osim": OSIM,
         "mujoco": MUJOCO,
+        # --tensorboard: scalars for TensorBoard (torch.utils.tensorboard writes them)
+        "tensorboard": ["tensorboard>=2.16"],
         # tables (PyTables): pandas.read_hdf, one of the readers a crashed run's log is
         # checked with
         "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "ruff>=0.5",

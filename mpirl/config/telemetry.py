@@ -26,6 +26,9 @@ class TelemetryFields:
     checksum_every: int = doc(
         "compare a checksum of parameters and optimizer state across ranks every this many "
         "updates; a mismatch stops the run; 0 disables", default=50)
+    tensorboard: bool = doc(
+        "also write the progress scalars and rank 0's losses as TensorBoard event files "
+        "into RUN_DIR/tensorboard (needs the tensorboard extra)", default=False)
     torch_threads: int = doc("torch threads per rank; 0 = cores / ranks sharing them (on an "
                               "emulated cluster: every rank of the job)",
                               default=0)
@@ -54,6 +57,12 @@ def check_run_dir(cfg) -> None:
 
 def check_telemetry(cfg, world_size: int) -> None:
     check_run_dir(cfg)
+    if cfg.tensorboard:
+        from ..telemetry.tensorboard import missing
+
+        why = missing()
+        if why:
+            raise ConfigError(f"tensorboard=True: {why}")
     for name in ("log_every", "log_flush_every"):
         at_least(name, getattr(cfg, name), 1)
     for name in ("checksum_every", "torch_threads"):

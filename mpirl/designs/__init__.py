@@ -23,7 +23,7 @@ from .. import registry
 from ..config import Config
 from ..launch import cpu_count, process_start_unix
 from ..resilience import sentinel
-from ..telemetry import superblock
+from ..telemetry import superblock, tensorboard
 from ..telemetry.h5log import rank_file, run_file
 from ..kit.common import Summary, ranks_sharing_cores
 
@@ -68,11 +68,15 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
     watcher = sentinel.start(run_dir, rank, mend=mend, mender=superblock.__file__)
     started = process_start_unix()
     startup_s = time.time() - started if started else float("nan")
+    if cfg.tensorboard and rank == 0:         # the rank that prints progress
+        tensorboard.start(run_dir)
     try:
         summary = entry(cfg.mode)(cfg, comm, run_dir)
     except BaseException:
         watcher.close(sentinel.REPORTED)         # mpirl.run reports it (or it is a stop)
         raise
+    finally:
+        tensorboard.close()
     watcher.close(sentinel.CLEAN)
     summary.torch_threads = torch.get_num_threads()
     summary.startup_s = startup_s

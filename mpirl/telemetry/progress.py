@@ -7,6 +7,8 @@ import math
 import time
 from pathlib import Path
 
+from . import tensorboard
+
 COLUMNS = ("update", "env_steps", "wall_s", "episodes", "mean_return", "steps_per_s",
            "comm_share", "mean_staleness", "wait_role", "wait_share")
 
@@ -57,6 +59,10 @@ class Progress:
                             f"{wait:.4f}"])
         self._file.flush()
         stale = "" if math.isnan(mean_staleness) else f"  staleness {mean_staleness:5.2f}"
+        tensorboard.scalars({"return/mean": mean, "throughput/env_steps_per_s": rate,
+                             "exchange/comm_share": comm_share,
+                             **({f"wait/{role}": wait} if role else {}),
+                             "lag/mean": mean_staleness}, env_steps)
         share = f"  {role} waits {100 * wait:4.1f}%" if role else \
             ("" if math.isnan(comm_share) else f"  comm {100 * comm_share:4.1f}%")
         print(f"update {update:6d}  steps {env_steps:9d}  return {mean:8.2f} "

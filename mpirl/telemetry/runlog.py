@@ -10,7 +10,9 @@ from mpi4py import MPI
 
 from .. import __version__
 from ..launch import cpu_count, mpi_library
+from . import tensorboard
 from .h5log import RankLog, finish_run_file, write_run_file
+from .schema import LOSSES
 from .timing import PhaseTimer
 
 
@@ -123,6 +125,9 @@ class RunLogger:
                "other_s": max(0.0, t0 - self.log.start - start - sum(phases.values()))}
         if exchange_at is not None:
             row["exchange_t_s"] = exchange_at - self.log.start
+        if "policy_loss" in row:
+            tensorboard.scalars({f"loss/{k.removesuffix('_loss')}": row[k] for k in LOSSES
+                                 if k in row}, update)
         self._seconds[0] += sum(v for k, v in row.items() if k in WAITING and v == v)
         self._seconds[1] += sum(phases.values()) + row["other_s"] + row["log_s"]
         self.log.add_update(row)            # (may flush)
