@@ -1,7 +1,7 @@
 """What travels, on a task where learning matters: every design that takes Hopper-v5's
 Box actions, the same wall-time budget and seeds, learning curves against wall time.
 
-    python experiments/what_travels_mujoco.py [--minutes 5] [--seeds 1 2 3]
+    python experiments/what_travels_mujoco.py [--minutes 4] [--seeds 1 2 3]
                                               [--designs sync apex ...] [--runs DIR]
 
 The points are those of ``experiments/what_travels_mujoco.yaml`` (each design with its
@@ -20,8 +20,8 @@ between two lines loses nothing.  Into ``--out`` (docs/figures/what_travels_mujo
 ``curves.png``, the return (running mean of 20 episodes) of every seed against wall time
 and against env steps, one colour per design; and ``results.md``, per design the mean +-
 std over seeds of env steps reached, env steps/s and the final return (every rank's last
-20 episodes).  27 points of 5 minutes: about
-2 h 20 min on a 2-core machine.
+20 episodes).  27 points of 4 minutes: 1 h 35 min on a 2-core machine (the results:
+docs/learning.md, "What travels, on MuJoCo").
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def curve(run_dir: Path) -> dict | None:
     mean return (the last 20 episodes of every rank, as summary.json's); None before the
     run has logged an episode."""
     from mpirl.telemetry.read import load_run
+    from mpirl.telemetry.schema import EXPERIENCE_ROLES
 
     if not (run_dir / "run.h5").is_file():
         return None
@@ -65,7 +66,8 @@ def curve(run_dir: Path) -> dict | None:
     if not len(e):
         return None
     u = run.updates
-    steps = int(u.loc[u["env_steps"] > 0, "env_steps"].sum())
+    # the experience ranks' rows: a parameter server's row repeats its worker's steps
+    steps = int(u.loc[u["role"].isin(EXPERIENCE_ROLES), "env_steps"].sum())
     last = e.groupby("rank").tail(20)["return"].mean()
     return {"t_s": e["t_run_s"].to_numpy(), "env_steps": e["env_steps"].to_numpy(),
             "return": e["return"].to_numpy(), "steps": steps, "final": float(last),
@@ -154,7 +156,7 @@ def figure(results: dict[str, list[tuple[int, dict]]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--minutes", type=float, default=4.0)
     parser.add_argument("--seeds", nargs="+", type=int, default=None,
                         help="default: the sweep file's")
     parser.add_argument("--designs", nargs="+", default=None,
