@@ -32,8 +32,10 @@ Two choices make that hold:
 * Between flushes the file is kept longer than its end-of-file address by what the
   next flush can add (:func:`_keep_ahead`; a hole, no disk used).  Without it a plain
   reader opening the file as a flush ends finds it "truncated" (46 of 42,045 opens
-  with flushes back to back); with it, 0 of 43,882 (docs/log-schema.md;
-  tests/telemetry/test_live_read.py).  ``close`` leaves the file at its address.
+  with flushes back to back); with it, 0 of 43,882 idle but 49 of 100,000 with both
+  cores busy, so live files are read with ``read_h5``, which reads again
+  (docs/log-schema.md; experiments/bench_live_open.py).  ``close`` leaves the file at
+  its address.
 
 Opening and closing the file at every flush is paid for by appending through h5py's
 low-level interface with each table's memory type built once (what it costs:
