@@ -263,8 +263,7 @@ def roles_figure(updates: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of the role's logged time (summed over its ranks)")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3,
-              frameon=False)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.set_title("Where each role's time goes")
     fig.tight_layout()
     return fig
@@ -282,7 +281,11 @@ def bytes_figure(runs: pd.DataFrame) -> plt.Figure:
         ax.plot(d["ranks"], d["bytes_per_env_step"], label=label, **styles[group])
     ax.set(xlabel="MPI ranks", ylabel="bytes sent per env step (all ranks)",
            title="What travels, per env step")
-    ax.set_yscale("log")
+    values = done["bytes_per_env_step"][done["bytes_per_env_step"] > 0]
+    if len(values) and values.max() > 10 * values.min():    # a log axis where it spans
+        log_ticks(ax.yaxis)
+    else:
+        ax.yaxis.set_major_formatter(STEPS)
     ax.set_xscale("log", base=2)
     ranks = sorted(done["ranks"].unique())
     ax.set_xticks(ranks, [str(r) for r in ranks])
