@@ -113,6 +113,12 @@ def run_row(run: Run) -> dict:
     """The one-line description of a run used by ``Sweep.runs``."""
     u, cfg = run.updates, run.config
     workers = u[u["role"].isin(EXPERIENCE_ROLES)]
+
+    def figure(key: str) -> float:
+        """A summary figure; NaN where the run has none (null, or not its design's)."""
+        value = run.summary.get(key)
+        return np.nan if value is None else value
+
     wall = run.summary.get("wall_s") or float(u["t_run_s"].max() + u["busy_s"].iloc[-1])
     steps = run.summary.get("env_steps", int(workers["env_steps"].sum()))
     updates = run.summary.get("updates", int(u["update"].max()) if len(u) else 0)
@@ -127,12 +133,12 @@ def run_row(run: Run) -> dict:
            "env_steps": steps, "updates": updates, "wall_s": wall,
            "env_steps_per_s": steps / wall if wall else np.nan,
            "updates_per_s": updates / wall if wall else np.nan,
-           "final_mean_return": run.summary.get("final_mean_return", np.nan),
-           "mean_staleness": run.summary.get("mean_staleness", np.nan),
+           "final_mean_return": figure("final_mean_return"),
+           "mean_staleness": figure("mean_staleness"),
            "label": run.label,
            # every rank's bytes sent (topologies and channels alike) per env step
            "bytes_per_env_step": u["bytes_sent"].sum() / steps if steps else np.nan,
-           "mean_policy_lag": run.summary.get("mean_policy_lag", np.nan)}
+           "mean_policy_lag": figure("mean_policy_lag")}
     for col in ("compute_s", "wait_s", "transfer_s", "exchange_s"):
         row[f"{col.removesuffix('_s')}_share"] = workers[col].sum() / busy if busy else np.nan
     return row
