@@ -58,11 +58,11 @@ def check_run_dir(cfg) -> None:
 def check_telemetry(cfg, world_size: int) -> None:
     check_run_dir(cfg)
     if cfg.tensorboard:
-        from ..telemetry.tensorboard import missing
+        import importlib.util
 
-        why = missing()
-        if why:
-            raise ConfigError(f"tensorboard=True: {why}")
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("tensorboard=True: the tensorboard package is not installed: "
+                              "pip install -e '.[tensorboard]'")
     for name in ("log_every", "log_flush_every"):
         at_least(name, getattr(cfg, name), 1)
     for name in ("checksum_every", "torch_threads"):
