@@ -4,6 +4,7 @@ ranks) is what the designs do, and the CLI and checks read it."""
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 import sys
 
@@ -74,3 +75,8 @@ def test_help_lists_every_design_by_its_row():
     flat = " ".join(text.split())
     for design in registry.DESIGNS.values():
         assert f"{design.name} {' '.join(design.about.split())[:30]}" in flat
+    # grouped by the config's field groups, every default printed once, none as None
+    assert "design: what is compared" in text and "run files, progress and logs" in text
+    options = re.split(r"\n  (?=--)", text)
+    assert all(option.count("(default:") <= 1 for option in options)
+    assert "(default: None)" not in flat
