@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,13 +91,13 @@ def train(config: dict | str | Path | None = None, *, ranks: int = 2,
     if timeout_s is not None and not timeout_s > 0:
         raise ConfigError(f"timeout_s={timeout_s!r}; allowed: a number above 0, or None")
     values = configuration(config, **fields)
-    values.setdefault("run_name", f"{values.get('topology', 'butterfly')}-"
-                                  f"{values.get('mode', 'sync')}-{ranks}r-"
-                                  f"{time.strftime('%Y%m%d-%H%M%S')}")
     with tempfile.TemporaryDirectory(prefix="mpirl-train-") as tmp:
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(values, sort_keys=False))
         cfg = parse_args(["--config", str(path)]).validate(ranks)   # ConfigError: raised
+        if not cfg.run_name:                 # named here, so that the result can find it
+            values["run_name"] = cfg.run_name = cfg.default_run_name(ranks)
+            path.write_text(yaml.safe_dump(values, sort_keys=False))
         run_dir = Path(cfg.run_dir) / cfg.run_name
         cmd = mpiexec_command(ranks, [sys.executable, "-m", "mpirl.run", "--config", str(path)])
         code, tail = _launch(cmd, mpi_env({"PYTHONPATH": _pythonpath()}), timeout_s, quiet)

@@ -61,6 +61,14 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         use = self.design.topology_use
         return use in ("allreduce", "star") or (use == "learners" and self.learners > 1)
 
+    def default_run_name(self, world_size: int) -> str:
+        """A run's directory name when ``run_name`` is empty: the design (with its
+        topology where it uses one), the rank count and the time of day."""
+        import time
+
+        design = f"{self.topology}-{self.mode}" if self.uses_topology else self.mode
+        return f"{design}-{world_size}r-{time.strftime('%Y%m%d-%H%M%S')}"
+
     def roles(self, world_size: int) -> tuple[str, ...]:
         """The role of each rank (:meth:`mpirl.registry.Design.roles`)."""
         return self.design.roles(self, world_size)

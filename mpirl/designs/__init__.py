@@ -40,8 +40,7 @@ def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
         return Path(cfg.resume)
     path = None
     if comm.Get_rank() == 0:
-        design = f"{cfg.topology}-{cfg.mode}" if cfg.uses_topology else cfg.mode
-        name = cfg.run_name or f"{design}-{comm.Get_size()}r-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cfg.run_name or cfg.default_run_name(comm.Get_size())
         path = Path(cfg.run_dir) / name
         path.mkdir(parents=True, exist_ok=True)
         cfg.save(path / "config.yaml")

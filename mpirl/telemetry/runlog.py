@@ -125,10 +125,10 @@ class RunLogger:
                "other_s": max(0.0, t0 - self.log.start - start - sum(phases.values()))}
         if exchange_at is not None:
             row["exchange_t_s"] = exchange_at - self.log.start
-        if "policy_loss" in row:
+        if tensorboard.active() and "policy_loss" in row:
             tensorboard.scalars({f"loss/{k.removesuffix('_loss')}": row[k] for k in LOSSES
                                  if k in row}, update)
-        self._seconds[0] += sum(v for k, v in row.items() if k in WAITING and v == v)
+        self._seconds[0] += sum(row[k] for k in WAITING if k in row and row[k] == row[k])
         self._seconds[1] += sum(phases.values()) + row["other_s"] + row["log_s"]
         self.log.add_update(row)            # (may flush)
         end = time.perf_counter()           # ... and one starts the next: rows tile time

@@ -38,6 +38,11 @@ def missing() -> str | None:
     return None
 
 
+def active() -> bool:
+    """This rank writes event files (so a caller may skip building its scalars)."""
+    return _writer is not None
+
+
 def start(run_dir: Path) -> None:
     """Open the writer of ``run_dir/tensorboard`` (rank 0 of a --tensorboard run)."""
     global _writer
