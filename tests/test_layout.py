@@ -26,7 +26,8 @@ ALLOWED = {
                      "mpirl.errors", "mpirl.parts.envs",
                      "mpirl.parts.learner.custom",      # --model's check at start,
                      "mpirl.resilience.faults",         # --fail's syntax,
-                     "mpirl.resilience.checkpoint",     # and --resume's files, and
+                     "mpirl.resilience.checkpoint",     # and --resume's files,
+                     "mpirl.resilience.elastic",        # an elastic attempt's directory,
                      "mpirl.resilience.schedule"},      # --replay-schedule's
     "mpirl.parts": {"topologies"},
     "mpirl.telemetry": {"mpirl", "mpirl.launch", "mpirl.registry"},   # mpirl: __version__
@@ -37,7 +38,9 @@ ALLOWED = {
     "mpirl.designs": {"topologies", "mpirl.registry", "mpirl.errors", "mpirl.config",
                       "mpirl.launch",
                       "mpirl.kit", "mpirl.parts", "mpirl.resilience", "mpirl.telemetry"},
-    "mpirl.cluster": {"mpirl.launch"},                  # mpiexec's path, MPI settings
+    # the elastic driver: mpiexec's path; where the ranks keep their commits
+    "mpirl.elastic": {"mpirl.launch", "mpirl.resilience.elastic"},
+    "mpirl.cluster": {"mpirl.launch", "mpirl.elastic"},  # mpiexec's path, MPI settings
     "mpirl.study": {"topologies", "mpirl.config", "mpirl.launch", "mpirl.resilience",
                     "mpirl.telemetry", "mpirl.cluster"},   # sweep --launcher cluster
     "mpirl.run": {"mpirl.errors", "mpirl.config", "mpirl.launch", "mpirl.designs",

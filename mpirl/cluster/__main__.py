@@ -8,6 +8,10 @@
   python -m mpirl.cluster cut node1 [--restore] # a node's link down (or up again)
   python -m mpirl.cluster kill node1            # every process on a node: SIGKILL
   python -m mpirl.cluster kill node1 --keep-runtime   # only its ranks (MPI's view of it)
+  python -m mpirl.cluster kill node1 --power-off      # and it stays down until 'boot'
+  python -m mpirl.cluster boot node1                  # a node that was off is back
+  python -m mpirl.cluster exec --elastic -n 8 --ranks-per-node 2 -- \
+      python -m mpirl.run --commit-every 10        # relaunched on the nodes left
   python -m mpirl.cluster down                  # everything removed; idempotent
 """
 
@@ -19,7 +23,7 @@ import os
 import subprocess
 import sys
 
-from . import launch, lifecycle, net, slurm
+from . import elastic, launch, lifecycle, net, slurm
 from .net import ClusterError
 
 
@@ -52,6 +56,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="openmpi: fault tolerance on (for mpirl.run --on-failure shrink)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="kill the job on every node after SECONDS (exit 124)")
+    p.add_argument("--elastic", action="store_true",
+                   help="when a node dies, relaunch on the nodes left from the newest "
+                        "commit (mpirl.run --commit-every K); when one comes back, "
+                        "relaunch with it: -n is the most ranks, at --ranks-per-node each")
+    p.add_argument("--min-nodes", type=int, default=1,
+                   help="--elastic: give up below this many live nodes (default 1)")
+    p.add_argument("--max-restarts", type=int, default=10,
+                   help="--elastic: relaunches at most (default 10)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND...")
     p = sub.add_parser("login", help="run a command on the login node (Slurm clients: sbatch...)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND...")
@@ -65,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-runtime", action="store_true",
                    help="only what the MPI runtime's daemon there started (its ranks): "
                         "the node's loss as MPI sees it, the daemon kept alive")
+    p.add_argument("--power-off", action="store_true",
+                   help="the node stays down (no job starts there) until 'boot NODE'")
+    p = sub.add_parser("boot", help="a node that was powered off is back, empty")
+    p.add_argument("node")
     return parser
 
 
@@ -115,9 +131,24 @@ def cmd_status(args) -> int:
 
 
 def cmd_exec(args) -> int:
+    if args.elastic:
+        return _exec_elastic(args)
     return launch.run(net.load(args.name), args.nranks, args.ranks_per_node,
                       _command(args.cmd), mpi=args.mpi, ulfm=args.ulfm,
                       timeout_s=args.timeout)
+
+
+def _exec_elastic(args) -> int:
+    spec = net.load(args.name)
+    per_node = args.ranks_per_node or -(-args.nranks // spec.nodes)
+    if per_node < 1 or args.nranks < 1 or args.nranks % per_node:
+        raise ClusterError(f"--elastic -n {args.nranks} at --ranks-per-node {per_node}: every "
+                           "node runs the same number of ranks; allowed: n a multiple of "
+                           "ranks per node")
+    launch.placement(spec, args.nranks, per_node)       # fits the cluster
+    return elastic.run_elastic(spec, per_node, args.nranks // per_node, _command(args.cmd),
+                               min_nodes=args.min_nodes, max_restarts=args.max_restarts,
+                               mpi=args.mpi, timeout_s=args.timeout)
 
 
 def cmd_login(args) -> int:
@@ -145,14 +176,34 @@ def cmd_cut(args) -> int:
 
 
 def cmd_kill(args) -> int:
-    pids = net.kill_node(net.load(args.name), args.node, keep_runtime=args.keep_runtime)
+    spec = net.load(args.name)
+    if args.power_off and args.keep_runtime:
+        raise ClusterError("--power-off with --keep-runtime: a node without power keeps "
+                           "nothing running; choose one")
+    if args.power_off:
+        pids = net.power_off(spec, args.node)
+        print(f"cluster {args.name}: {args.node}: powered off, killed {len(pids)} processes; "
+              f"python -m mpirl.cluster boot {args.node} brings it back")
+        return 0
+    pids = net.kill_node(spec, args.node, keep_runtime=args.keep_runtime)
     kept = " (its MPI runtime daemon kept)" if args.keep_runtime else ""
     print(f"cluster {args.name}: {args.node}: killed {len(pids)} processes{kept}")
     return 0
 
 
+def cmd_boot(args) -> int:
+    spec = net.load(args.name)
+    net.power_on(spec, args.node)
+    if spec.slurm:
+        slurm.start_node(spec, args.node)
+    print(f"cluster {args.name}: {args.node}: powered on"
+          + (", its slurmd started" if spec.slurm else ""))
+    return 0
+
+
 COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec,
-            "login": cmd_login, "rate": cmd_rate, "cut": cmd_cut, "kill": cmd_kill}
+            "login": cmd_login, "rate": cmd_rate, "cut": cmd_cut, "kill": cmd_kill,
+            "boot": cmd_boot}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,24 +83,30 @@ def job_env(spec: Cluster, mpi: str, hosts: list[str], per_node: int) -> dict:
 
 
 def mpiexec_argv(spec: Cluster, nranks: int, per_node: int | None, command: list[str],
-                 mpi: str = "mpich", ulfm: bool = False) -> tuple[list[str], dict]:
+                 mpi: str = "mpich", ulfm: bool = False,
+                 hosts: list[str] | None = None) -> tuple[list[str], dict]:
     """The command line (to run on the host: it enters the login node itself) and environment of
-    ``command`` on ``nranks`` ranks.  A leading bare ``python`` in ``command`` becomes
+    ``command`` on ``nranks`` ranks, on the first nodes or on ``hosts`` (an elastic
+    job's live ones).  A leading bare ``python`` in ``command`` becomes
     the Python of the chosen MPI (this venv's for MPICH, the Open MPI venv's)."""
     if mpi not in MPIS:
         raise ClusterError(f"--mpi {mpi!r}; allowed: {', '.join(MPIS)}")
     if not command:
         raise ClusterError("nothing to run: give the command after --, e.g. "
                            "-- python -m mpirl.run --topology star")
-    hosts, per_node = placement(spec, nranks, per_node)
+    first, per_node = placement(spec, nranks, per_node)
+    hosts = hosts or first
+    if len(hosts) * per_node < nranks:
+        raise ClusterError(f"-n {nranks} at {per_node} per node needs "
+                           f"{-(-nranks // per_node)} nodes; given {', '.join(hosts)}")
     agent = str(spec.state_dir / "agent")
     if command[0] == "python":
         command = [python_for(mpi), *command[1:]]
     if mpi == "mpich":
         from ..launch import mpiexec_path  # noqa: PLC0415
 
-        hostfile = spec.state_dir / f"hosts.{per_node}"
-        hostfile.write_text("".join(f"{h}:{per_node}\n" for h in spec.hosts()))
+        hostfile = spec.state_dir / f"hosts.{per_node}.{'-'.join(h[4:] for h in hosts)}"
+        hostfile.write_text("".join(f"{h}:{per_node}\n" for h in hosts))
         argv = [mpiexec_path(), "-f", str(hostfile), "-ppn", str(per_node),
                 "-launcher", "ssh", "-launcher-exec", agent,
                 "-localhost", spec.login_address, "-iface", "eth0", "-n", str(nranks), *command]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from . import slurm
 from .net import (DEFAULT_SUBNET, Cluster, ClusterError, check_name, check_rate, in_ns,
-                  kill_namespace, link_bytes, link_state, load, namespaces, pids_in, save,
-                  set_rate, sh, spell_rate, state_dir)
+                  kill_namespace, link_bytes, link_state, load, namespaces, off_marker, pids_in,
+                  save, set_rate, sh, spell_rate, state_dir)
 
 MAX_NODES = 64
 
@@ -98,6 +98,10 @@ case " {hosts} " in *" $host "*) ;; *)
     echo "mpirl cluster agent: no node $host in cluster {spec.name} (nodes: {hosts})" >&2
     exit 255 ;;
 esac
+if [ -e "{spec.state_dir}/off/$host" ]; then
+    echo "mpirl cluster agent: node $host is powered off (python -m mpirl.cluster boot $host)" >&2
+    exit 255
+fi
 exec ip netns exec "{spec.name}-$host" unshare --uts -- \\
     sh -c 'hostname "$0" && eval "$1"' "$host" "$*"
 """
@@ -144,6 +148,7 @@ def status(name: str) -> dict:
     return {"name": spec.name, "rate": spec.rate, "subnet": spec.subnet,
             "slurm": slurm.status(spec) if spec.slurm else None,
             "nodes": [{"host": host, "namespace": spec.namespace(host),
-                       "address": spec.address(i), "cap": caps[host], "link": links[host],
+                       "address": spec.address(i), "cap": caps[host],
+                       "link": "off" if off_marker(spec, host).exists() else links[host],
                        "processes": len(pids_in(spec.namespace(host))), **traffic[host]}
                       for i, host in enumerate(spec.hosts())]}

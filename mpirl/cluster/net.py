@@ -307,6 +307,35 @@ def kill_node(spec: Cluster, host: str, keep_runtime: bool = False) -> list[int]
     return sorted(doomed)
 
 
+def off_marker(spec: Cluster, host: str) -> Path:
+    """The file that says node ``host`` is powered off (the launch agent refuses it)."""
+    return spec.state_dir / "off" / host
+
+
+def power_off(spec: Cluster, host: str) -> list[int]:
+    """Node ``host`` loses power and stays off until :func:`power_on`: marked off first
+    (no job can start there from then on: the launch agent refuses it, as ssh fails to
+    a dead host), then every process on it SIGKILLed."""
+    node_index(spec, host)
+    off_marker(spec, host).parent.mkdir(parents=True, exist_ok=True)
+    off_marker(spec, host).touch()
+    return kill_namespace(spec.namespace(host))
+
+
+def power_on(spec: Cluster, host: str) -> None:
+    """Node ``host`` is back (booted, empty): jobs may start there again."""
+    node_index(spec, host)
+    off_marker(spec, host).unlink(missing_ok=True)
+
+
+def live_hosts(spec: Cluster) -> list[str]:
+    """The nodes a job can run on now, in order: powered on, with their link up (what a
+    cluster's health check or a host discovery script reports)."""
+    links = link_state(spec)
+    return [h for h in spec.hosts()
+            if links[h] == "up" and not off_marker(spec, h).exists()]
+
+
 def rank_processes(pids: list[int]) -> set[int]:
     """Of ``pids`` (one node's processes), the ranks' side: the ranks and what they
     started (sentinels too, whoever their parent is now); not an MPI runtime daemon, not

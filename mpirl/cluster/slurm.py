@@ -153,6 +153,12 @@ def start(spec: Cluster, wait_s: float = 60.0) -> None:
                        f"({states or 'sinfo gave nothing'}); {tail[0] if tail else ''}")
 
 
+def start_node(spec: Cluster, host: str) -> None:
+    """Start ``host``'s slurmd again (a node booted after a power loss); Slurm's
+    ``ReturnToService=2`` takes it back once it registers."""
+    sh(*_on_node(spec, host, ["slurmd", "-f", str(paths(spec.name)["conf"]), "-N", host]))
+
+
 def stop(name: str) -> list[str]:
     """Stop the cluster's Slurm daemons and munged (nothing if none run)."""
     stopped = []

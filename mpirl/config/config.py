@@ -69,6 +69,16 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         design = f"{self.topology}-{self.mode}" if self.uses_topology else self.mode
         return f"{design}-{world_size}r-{time.strftime('%Y%m%d-%H%M%S')}"
 
+    def run_dir_name(self, world_size: int) -> str:
+        """The run's directory under ``run_dir``: ``run_name`` (or the default name); under
+        an elastic driver, the attempt's directory below it (``NAME/attemptN``)."""
+        from ..resilience.elastic import Launch
+
+        launch = Launch.from_env()
+        if launch is not None:
+            return launch.run_name(self.run_name)
+        return self.run_name or self.default_run_name(world_size)
+
     def roles(self, world_size: int) -> tuple[str, ...]:
         """The role of each rank (:meth:`mpirl.registry.Design.roles`)."""
         return self.design.roles(self, world_size)

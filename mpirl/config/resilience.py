@@ -32,6 +32,12 @@ class ResilienceFields:
         "every rank writes a checkpoint (parameters, Adam state, RNG, env state): sync "
         "every this many rollouts and at the end, async/quorum a snapshot every this many "
         "server updates; 0 disables (a SIGTERM/SIGINT stop still writes one)", default=100)
+    commit_every: int = doc(
+        "elastic training (sync): every this many rollouts the lowest rank on each node "
+        "commits the replicated training state to the node's memory ($MPIRL_COMMIT_DIR, "
+        "default /dev/shm/mpirl-commits); under a driver (python -m mpirl.cluster exec "
+        "--elastic) a job that loses a node restarts on the nodes left from the newest "
+        "commit; 0 disables", default=0)
     resume: str = doc(
         "continue the killed or finished run in this run directory from its checkpoints, "
         "to the same total budget (its config.yaml is the base; flags on top)", default="")
@@ -61,6 +67,7 @@ def check_resilience(cfg, world_size: int) -> None:
     at_least("checkpoint_every", cfg.checkpoint_every, 0)
     if cfg.resume:
         _check_resume(cfg, world_size)
+    _check_elastic(cfg)
     at_least("watchdog_s", cfg.watchdog_s, 0.0)
     planned = parse_faults(cfg.fail, world_size)
     if first != "worker" and planned.get(0, (0, ""))[1] == "nan":
@@ -114,6 +121,30 @@ def _check_recorded_size(where: Path, world_size: int) -> None:
     if recorded != world_size:
         raise ConfigError(f"replay_schedule={str(where)!r} was recorded with {recorded} ranks; "
                           f"launch this one with mpirun -np {recorded}, not {world_size}")
+
+
+def _check_elastic(cfg) -> None:
+    from ..resilience.elastic import ATTEMPT_VAR, Launch
+
+    at_least("commit_every", cfg.commit_every, 0)
+    launch = Launch.from_env()
+    if launch is not None and not cfg.commit_every:
+        raise ConfigError("commit_every=0 under an elastic driver (MPIRL_ELASTIC_JOB is set): "
+                          "a restart would have no commit to continue from; allowed: "
+                          "--commit-every 1 or more")
+    if not cfg.commit_every:
+        return
+    if cfg.mode != "sync":
+        raise ConfigError(f"commit_every with mode={cfg.mode!r}: elastic commits hold a "
+                          "replicated state, which only sync's ranks all hold; allowed "
+                          "with --commit-every: mode sync")
+    if cfg.on_failure == "shrink":
+        raise ConfigError("commit_every with on_failure='shrink': shrinking survives a rank "
+                          "in place, an elastic restart replaces the job; choose one")
+    if cfg.resume or cfg.replay_schedule:
+        raise ConfigError("commit_every with resume or replay_schedule: an elastic restart "
+                          f"continues from node memory ({ATTEMPT_VAR}), not from a run's "
+                          "checkpoints; choose one")
 
 
 def _check_resume(cfg, world_size: int) -> None:

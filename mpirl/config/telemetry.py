@@ -46,9 +46,12 @@ def check_run_dir(cfg) -> None:
                 raise ConfigError(f"run_dir={cfg.run_dir!r}: {above} is a file; allowed: a "
                                   "directory (made if missing)")
             break
-    if cfg.resume or not cfg.run_name:       # a default name carries the time of day
+    from ..resilience.elastic import Launch
+
+    launch = Launch.from_env() if not cfg.resume else None
+    if cfg.resume or not (cfg.run_name or launch):  # a default name carries the time of day
         return
-    earlier = parent / cfg.run_name
+    earlier = parent / (launch.run_name(cfg.run_name) if launch else cfg.run_name)
     if (earlier / "run.h5").exists() or (earlier / "config.yaml").exists():
         raise ConfigError(f"run_name={cfg.run_name!r}: {earlier} already holds a run; "
                           "allowed: another --run-name, --resume "

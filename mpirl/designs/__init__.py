@@ -40,8 +40,7 @@ def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
         return Path(cfg.resume)
     path = None
     if comm.Get_rank() == 0:
-        name = cfg.run_name or cfg.default_run_name(comm.Get_size())
-        path = Path(cfg.run_dir) / name
+        path = Path(cfg.run_dir) / cfg.run_dir_name(comm.Get_size())
         path.mkdir(parents=True, exist_ok=True)
         cfg.save(path / "config.yaml")
     return Path(comm.bcast(str(path) if path else None, root=0))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 from ..config import Config
@@ -38,7 +39,9 @@ from ..kit.common import (Episodes, Summary, build_replica, check_same_model, co
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Learner
 from ..parts.learner.normalize import Moments
+from ..resilience import elastic
 from ..resilience.checkpoint import TrainingState
+from ..resilience.elastic import NodeCommits
 from ..resilience.exchange import Exchange
 from ..resilience.guard import Guard
 from ..resilience.stop import StopRequested
@@ -79,6 +82,17 @@ class Counters:
                                    self.steps_per_batch)
         self.gradients = state.get("gradients", self.update * self.world_size)
 
+    def committed(self) -> dict:
+        """Where the run is, whatever the rank count: what an elastic commit keeps."""
+        return {"batch_index": self.batch_index, "update": self.update,
+                "skipped": self.skipped, "env_steps": self.env_steps,
+                "gradients": self.gradients}
+
+    def continue_from(self, state: dict) -> None:
+        """Continue from an elastic commit (possibly of another rank count)."""
+        for key in ("batch_index", "update", "skipped", "env_steps", "gradients"):
+            setattr(self, key, int(state[key]))
+
 
 def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank = SyncRank.start(cfg, comm, run_dir)
@@ -115,6 +129,7 @@ class SyncRank:
     progress: Progress
     saved: TrainingState
     log: RunLogger
+    commits: NodeCommits | None = None   # --commit-every: elastic commits in node memory
     guard: Guard | None = None
     solved: bool = False          # stopped early: every rank reached --target-return
     first_update: int = 1         # of the rollout being learnt
@@ -132,12 +147,17 @@ class SyncRank:
         saved = TrainingState(count, learner, actor, episodes, progress)
         if cfg.resume:
             saved.restore(run_dir, rank)
+        commits = elastic.start(cfg, comm, run_dir, progress.elapsed(),
+                                restore=lambda state: continue_from(state, learner, count),
+                                reseed=lambda seed: reseed(actor, seed + 10000 * rank))
+        if commits is not None:       # steps/s and wall_s: the whole elastic job's
+            progress.load_state({"wall_s": commits.job_wall_s()})
         log = RunLogger(cfg, comm, run_dir, role="worker",
                         resume_update=count.update if cfg.resume else None)
         exchange.failed = log.failure
         log.watch(exchange, waits=(), from_zero=True)   # the first row holds the bcast
         return cls(cfg, run_dir, learner, actor, exchange, count, episodes, progress, saved,
-                   log)
+                   log, commits)
 
     @contextmanager
     def guarded(self, comm: MPI.Comm) -> Iterator[Guard]:
@@ -221,6 +241,8 @@ class SyncRank:
             return True
         if cfg.checkpoint_every and count.batch_index % cfg.checkpoint_every == 0:
             self.checkpoint()
+        if cfg.commit_every and count.batch_index % cfg.commit_every == 0:
+            self.commit()
         return False
 
     def merge_obs_stats(self) -> None:
@@ -237,9 +259,18 @@ class SyncRank:
             self.log.flush()          # the log holds every row the checkpoint covers
             self.saved.save(self.run_dir, self.exchange.rank)
 
+    def commit(self) -> None:
+        """An elastic commit: the replicated state into each node's memory."""
+        self.commits.commit(self.count.update, self.count.env_steps,
+                            {"learner": self.learner.state(),
+                             "counters": self.count.committed()})
+
     def stop(self) -> None:
-        """Every rank was asked to stop (a signal): checkpoint, close, and say so."""
+        """Every rank was asked to stop (a signal): checkpoint, commit, close, and say so."""
         self.checkpoint()
+        if self.commits is not None:
+            self.commit()
+            self.commits.write_record(self.run_dir, self.exchange.rank)
         self.log.close()
         self.progress.close()
         raise StopRequested(self.count.update, self.run_dir, self.exchange.size)
@@ -285,6 +316,8 @@ class SyncRank:
                                               for r in e.failed),
                           writer_rank=exchange.world[0])
         self.log.close(summary.totals(), writer=exchange.rank == 0)
+        if self.commits is not None:
+            self.commits.write_record(self.run_dir, exchange.rank)
         return summary
 
 
@@ -299,3 +332,15 @@ def check_replicas(learner: Learner, exchange: Exchange, update: int) -> None:
         raise ReplicaDivergence(
             f"replicas diverged by update {update}: ranks {odd} differ from rank 0 in "
             "parameters or optimizer state")
+
+
+def continue_from(state: dict, learner: Learner, count: Counters) -> None:
+    """An elastic commit (of any rank count) loaded into this replica and its counters."""
+    learner.load_state(state["learner"])
+    count.continue_from(state["counters"])
+
+
+def reseed(actor: Actor, seed: int) -> None:
+    """A relaunched attempt's own envs and action sampling."""
+    torch.manual_seed(seed)
+    actor.start(seed)

@@ -1,0 +1,168 @@
+"""Elastic restarts across a node's loss on the emulated cluster (docs/faults.md,
+"Elastic training"): ``python -m mpirl.cluster exec --elastic`` as a user runs it, a
+node powered off mid-run and booted again; and the sbatch template under the cluster's
+multi-node Slurm.  Needs root, iproute2 and Slurm (skipped with the reason otherwise,
+failed under CI, like tests/cluster/test_cluster.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from analysis.elastic import attempts_table, load_job
+from mpirl.cluster import net
+from tests.cluster.test_cluster import require, slurm_why_not, why_not
+from tests.mpirun import start_mpi
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME, SUBNET = "mpirlelast", "10.231.78.0/24"
+CLI = [sys.executable, "-m", "mpirl.cluster", "--name", NAME]
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Three nodes, links uncapped, a Slurm on them; down after the module."""
+    require(why_not())
+    require(slurm_why_not())
+    cli("down")
+    up = cli("up", "--nodes", "3", "--subnet", SUBNET, "--slurm")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield net.load(NAME)
+    finally:
+        assert cli("down").returncode == 0
+
+
+def elastic_job(tmp_path, *run_args: str, timeout_s: int = 240):
+    command = [*CLI, "exec", "--elastic", "-n", "3", "--ranks-per-node", "1", "--timeout",
+               str(timeout_s), "--", "python", "-m", "mpirl.run", "--env", "CartPole-v1",
+               "--num-envs", "2", "--rollout-steps", "32", "--log-flush-every", "1",
+               "--log-every", "5", *run_args, "--run-dir", str(tmp_path), "--run-name", "job"]
+    return start_mpi(3, [], command=command,
+                     env={"MPIRL_COMMIT_DIR": str(tmp_path / "memory")})
+
+
+def reported(attempt_dir: Path) -> int:
+    try:
+        rows = list(csv.reader((attempt_dir / "progress.csv").open()))
+    except OSError:
+        return 0
+    return int(rows[-1][0]) if len(rows) > 1 and rows[-1][0].isdigit() else 0
+
+
+def wait_until(attempt_dir: Path, update: int, job, limit_s: float = 120) -> None:
+    deadline = time.monotonic() + limit_s
+    while reported(attempt_dir) < update:
+        assert job.returncode is None and job.poll() is None, job.tail()
+        assert time.monotonic() < deadline, f"{attempt_dir} short of update {update}"
+        time.sleep(0.1)
+
+
+def test_a_lost_node_is_survived_and_a_booted_one_rejoins(cluster, tmp_path):
+    """3 nodes x 1 rank, commits every 3 rollouts: node0 (rank 0's, the one that writes
+    run.h5) powered off at update 40 or later; the job goes on at 2 ranks from the newest
+    commit another node holds, losing at most 3 updates; node0 booted once that attempt has
+    run 25 updates: the driver stops it at a commit (nothing lost) and goes on at 3 ranks;
+    the budget is spent, every attempt's log reads back, the driver's lines say so."""
+    job = elastic_job(tmp_path, "--commit-every", "3", "--total-steps", "40000")
+    try:
+        wait_until(tmp_path / "job/attempt0", 40, job)
+        assert cli("kill", "node0", "--power-off").returncode == 0
+        status = json.loads(cli("status", "--json").stdout)
+        assert [n["link"] for n in status["nodes"]] == ["off", "up", "up"]
+        wait_until(tmp_path / "job/attempt1", 1, job)
+        start = json.loads((tmp_path / "job/attempt1/elastic.json").read_text())["restored"]
+        wait_until(tmp_path / "job/attempt1", start["update"] + 25, job)
+        assert cli("boot", "node0").returncode == 0
+        job.wait(240)
+    finally:
+        cli("boot", "node0")
+        job.kill()
+    assert job.returncode == 0, job.tail()
+    out = job.output
+    assert "node0 lost; relaunching on the nodes left from the newest commit" in out, out
+    assert "node0 live again: stopping attempt 1" in out
+    assert "attempt 2: 3 ranks on node0, node1, node2" in out
+    assert "done after 3 attempts" in out
+    table = attempts_table(load_job(tmp_path / "job"))
+    assert table["ranks"].tolist() == [3, 2, 3]
+    assert table["nodes"].tolist() == ["node0, node1, node2", "node1, node2",
+                                       "node0, node1, node2"]
+    assert 0 <= table.loc[1, "lost_updates"] <= 3          # since the last commit
+    assert table.loc[2, "lost_updates"] == 0                # stopped at a commit
+    assert table.loc[2, "from_update"] == table.loc[1, "last_update"]
+    assert table.loc[1, "first_update"] == table.loc[1, "from_update"] + 1
+    restored = json.loads((tmp_path / "job/attempt1/elastic.json").read_text())["restored"]
+    assert restored["host"] in ("node1", "node2")          # node0's memory went with it
+    final = json.loads((tmp_path / "job/attempt2/summary.json").read_text())
+    assert 40000 - 3 * 64 < final["env_steps"] <= 40000
+    assert not (tmp_path / "memory").exists() or not any((tmp_path / "memory").iterdir())
+
+
+def test_a_failure_with_every_node_up_is_the_jobs_own(cluster, tmp_path):
+    job = elastic_job(tmp_path, "--commit-every", "3", "--total-steps", "20000",
+                      "--fail", "1@5:raise")
+    job.wait(120)
+    assert job.returncode not in (0, None)
+    assert "attempt 0 failed" in job.output and "not relaunching" in job.output, job.tail()
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["attempt0"]
+
+
+def test_bad_elastic_launches_are_one_line(cluster):
+    done = cli("exec", "--elastic", "-n", "3", "--ranks-per-node", "2", "--", "true")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "n a multiple of ranks per node" in done.stderr
+    done = cli("exec", "--elastic", "-n", "3", "--min-nodes", "4", "--", "true")
+    assert done.returncode == 2 and "--min-nodes 4" in done.stderr, done.stderr
+    done = cli("kill", "node1", "--power-off", "--keep-runtime")
+    assert done.returncode == 2 and "choose one" in done.stderr, done.stderr
+
+
+def test_a_slurm_job_goes_on_without_a_dead_node(cluster, tmp_path):
+    """experiments/slurm/elastic.sbatch on 3 nodes x 1 rank (sbatch --no-kill): node1
+    powered off at update 40 or later (its slurmd with it); the driver's probe finds it
+    dead, the job goes on at 2 ranks on node0 and node2 from the newest commit and
+    spends the budget."""
+    env = {"MPIRL_RUN_DIR": str(tmp_path), "MPIRL_COMMIT_DIR": str(tmp_path / "memory"),
+           "MPIRL_ELASTIC_ARGS": "--timeout 200 --probe-timeout 10",
+           "MPIRL_COMMIT_EVERY": "3"}
+    done = cli("login", "--", "sbatch", "-N", "3", "--ntasks-per-node=1",
+               f"--output={tmp_path / 'out.txt'}", "experiments/slurm/elastic.sbatch",
+               "--env", "CartPole-v1", "--num-envs", "2", "--rollout-steps", "32",
+               "--log-flush-every", "1", "--log-every", "5", "--total-steps", "30000", env=env)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[-1]
+    run = tmp_path / f"mpirl-elastic-{job_id}"
+    deadline = time.monotonic() + 120
+    try:
+        while reported(run / "attempt0") < 40:
+            assert time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
+            time.sleep(0.2)
+        assert cli("kill", "node1", "--power-off").returncode == 0
+        deadline = time.monotonic() + 240
+        while cli("login", "--", "squeue", "-h", "-j", job_id).stdout.strip():
+            assert time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
+            time.sleep(1)
+    finally:
+        cli("login", "--", "scancel", job_id)
+        assert cli("boot", "node1").returncode == 0
+    out = (tmp_path / "out.txt").read_text()
+    assert "node1 lost; relaunching on the nodes left" in out, out
+    assert "attempt 1: 2 ranks on node0, node2" in out and "done after 2 attempts" in out
+    table = attempts_table(load_job(run))
+    assert table["ranks"].tolist() == [3, 2]
+    assert 0 <= table.loc[1, "lost_updates"] <= 3
+    final = json.loads((run / "attempt1/summary.json").read_text())
+    assert 30000 - 3 * 64 < final["env_steps"] <= 30000
