@@ -43,6 +43,7 @@ def check_design(cfg, world_size: int) -> None:
             f"mode={cfg.mode!r} runs a parameter server, the star topology used "
             f"asynchronously; topology={cfg.topology!r} is not allowed with it "
             "(use --topology star, or --mode sync)")
+    check_own_options(cfg, design)
     if "quorum" in design.options and not 0 <= cfg.quorum <= world_size - 1:
         raise ConfigError(f"quorum={cfg.quorum}; allowed with {world_size} ranks: "
                           f"0..{world_size - 1} (0 = half the workers)")
@@ -50,6 +51,29 @@ def check_design(cfg, world_size: int) -> None:
         if rank >= world_size:
             raise ConfigError(f"straggler rank {rank} does not exist; allowed ranks: "
                               f"0..{world_size - 1}")
+
+
+#: design options checked elsewhere, with their own messages: PPO's (check_learner) and
+#: those that size a role (check_wiring)
+CHECKED_ELSEWHERE = ("minibatches", "obs_norm", "anneal_lr", "norm_adv", "reward_norm",
+                     "clip_vloss", "reward_scale", "learners", "servers", "replay_ranks")
+
+
+def check_own_options(cfg, design) -> None:
+    """A design's own options (its registry row's ``options``) keep their defaults under
+    every other design: set there, they would play no part, silently."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name in sorted({o for d in registry.DESIGNS.values() for o in d.options}):
+        if name in CHECKED_ELSEWHERE or name in design.options:
+            continue
+        value = getattr(cfg, name)
+        if value != defaults[name]:
+            takers = [d.name for d in registry.DESIGNS.values() if name in d.options]
+            raise ConfigError(f"{name}={value!r} is not taken by mode={cfg.mode!r}; allowed "
+                              f"with mode {', '.join(takers)} (every other mode keeps the "
+                              f"default, {defaults[name]!r})")
 
 
 def parse_stragglers(specs: list) -> dict[int, float]:

@@ -106,3 +106,19 @@ def test_env_args_are_typed_from_yaml_and_checked():
     cfg.validate(world_size=2)
     with pytest.raises(ConfigError, match="Delay-v0 has no argument 'colour'"):
         Config(env="Delay-v0", env_arg=["colour=red"]).validate(world_size=2)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"mode": "sync", "quorum": 2}, "quorum=2 is not taken by mode='sync'; allowed with mode "
+                                    "quorum"),
+    ({"mode": "impala", "late": "apply"}, "late='apply' is not taken by mode='impala'"),
+    ({"mode": "gorila", "topology": "star", "train_intensity": 4.0},
+     "train_intensity=4.0 is not taken by mode='gorila'; allowed with mode apex"),
+    ({"mode": "apex", "gorila_replay": "service"}, "allowed with mode gorila .*'local'"),
+    ({"mode": "seed", "refresh_every": 3}, "refresh_every=3 is not taken by mode='seed'"),
+])
+def test_an_option_another_design_owns_is_refused(tmp_path, fields, message):
+    """A design's own options (its registry row) set under another design would play no
+    part: one line at start, naming the designs that take it and the default."""
+    with pytest.raises(ConfigError, match=message):
+        Config(run_dir=str(tmp_path), **fields).validate(4)
