@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from .launch import end_process
 from .resilience.elastic import ATTEMPT_VAR, JOB_VAR, commit_root, host_dir, job_dir
 
 
@@ -186,7 +187,7 @@ class Slurm:
 
     def start(self, hosts: list[str], per_node: int, command: list[str],
               env: dict) -> subprocess.Popen:
-        from .launch import mpiexec_path
+        from .launch import mpiexec_path  # noqa: PLC0415
 
         launcher = os.environ.get("MPIRL_ELASTIC_LAUNCH", "")
         if launcher:           # a site's own: srun --mpi=pmi2 ... (given the hosts)
@@ -198,12 +199,7 @@ class Slurm:
         return subprocess.Popen(argv, env={**env, "SLURM_OVERLAP": "1"})
 
     def kill(self, proc: subprocess.Popen) -> None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc, grace_s=10)
 
     def report(self, hosts: list[str], per_node: int) -> list[str]:
         return []

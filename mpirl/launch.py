@@ -95,6 +95,19 @@ def mpiexec_command(nranks: int, argv: list[str]) -> list[str]:
     return [mpiexec_path(), "-n", str(nranks), *argv]
 
 
+def end_process(proc, grace_s: float) -> None:
+    """SIGTERM ``proc`` (a ``subprocess.Popen``), then SIGKILL if it outlives ``grace_s``;
+    returns once it has ended."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_for(cmd: list[str], seconds: float, cwd=None, grace_s: float = 300.0,
             stdout=None) -> bool:
     """Run ``cmd`` (an ``mpiexec`` line) for at most ``seconds``, then stop it as a batch

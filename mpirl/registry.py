@@ -81,6 +81,10 @@ class Design:
     options: tuple[str, ...] = ()
     #: seed/ga3c: the inference batching ``--inference-policy auto`` means
     inference: str | None = None
+    #: (field, value) pairs this design starts from where the user sets the field
+    #: neither by flag nor in a YAML file (SB3's and CleanRL's per-algorithm defaults);
+    #: each measured to reach its documented result where the shared default did not
+    defaults: tuple[tuple[str, object], ...] = ()
     #: its ranks may be survived (``--on-failure shrink``: every rank holds the state)
     shrinkable: bool = False
 
@@ -189,7 +193,10 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "gradient shards up, parameter shards back, each shard on its own",
            serving=_gorila_serving, learner="replay",
            deciding=_gorila_deciding, ledgers=("gradients", "transitions"),
-           options=("servers", "gorila_replay", "replay_ranks")),
+           options=("servers", "gorila_replay", "replay_ranks"),
+           # cartpole_gorila.yaml's: the shared lr 1e-3 oscillated (DQN's), and two
+           # pushes per rollout; experiments/bench_design_defaults.py measures them
+           defaults=(("lr", 5e-4), ("update_repeat", 2))),
 )}
 
 #: the ``--mode`` names, in the order they are listed

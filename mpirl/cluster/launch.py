@@ -240,12 +240,9 @@ def cut_off(spec: Cluster, hosts: list[str], per_node: int, nranks: int) -> list
 
 
 def _kill_job(spec: Cluster, proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    from ..launch import end_process  # noqa: PLC0415
+
+    end_process(proc, grace_s=5)
     for host in spec.hosts():        # what mpiexec left on the nodes (not Slurm's daemons)
         for pid in job_pids(spec.namespace(host)):
             try:

@@ -8,8 +8,10 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from .. import registry
 from ..errors import ConfigError
 from .config import Config
+from .loading import load_yaml
 
 #: list fields given one item per flag (``--straggler 1:3 --straggler 2:2``), with metavar
 REPEATABLE = {"straggler": "RANK:FACTOR", "env_arg": "KEY=VALUE",
@@ -79,7 +81,9 @@ def build_parser(prog: str = "python -m mpirl.run") -> argparse.ArgumentParser:
         group = groups[_owner(f.name)]
         default = getattr(defaults, f.name)
         flag = "--" + f.name.replace("_", "-")
-        shown = "" if default in ("", []) else f" (default: {default})"
+        own = "".join(f"; {d.name}: {dict(d.defaults)[f.name]}"
+                      for d in registry.DESIGNS.values() if f.name in dict(d.defaults))
+        shown = "" if default in ("", []) else f" (default: {default}{own})"
         if isinstance(default, bool):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=None, help=f.metadata["help"] + shown)
@@ -109,8 +113,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
         cfg.fail = []
     else:
         cfg = Config()
+    given = set(load_yaml(args.config)) if args.config else set()
     for f in fields(Config):
         value = getattr(args, f.name)
         if value is not None:
             setattr(cfg, f.name, value)
+            given.add(f.name)
+    if not args.resume:            # a run's saved configuration holds every field
+        cfg.take_design_defaults(given)
     return cfg

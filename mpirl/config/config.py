@@ -69,6 +69,15 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         design = f"{self.topology}-{self.mode}" if self.uses_topology else self.mode
         return f"{design}-{world_size}r-{time.strftime('%Y%m%d-%H%M%S')}"
 
+    def take_design_defaults(self, given: set[str]) -> None:
+        """The design's own starting values (its registry row's ``defaults``) for the
+        fields the user did not set (``given``: set by a flag or a YAML key)."""
+        if self.mode not in registry.DESIGNS:
+            return                 # validation names it
+        for name, value in self.design.defaults:
+            if name not in given:
+                setattr(self, name, value)
+
     def run_dir_name(self, world_size: int) -> str:
         """The run's directory under ``run_dir``: ``run_name`` (or the default name); under
         an elastic driver, the attempt's directory below it (``NAME/attemptN``)."""

@@ -76,7 +76,7 @@ def test_a_lost_node_is_survived_and_a_booted_one_rejoins(cluster, tmp_path):
     commit another node holds, losing at most 3 updates; node0 booted once that attempt has
     run 25 updates: the driver stops it at a commit (nothing lost) and goes on at 3 ranks;
     the budget is spent, every attempt's log reads back, the driver's lines say so."""
-    job = elastic_job(tmp_path, "--commit-every", "3", "--total-steps", "40000")
+    job = elastic_job(tmp_path, "--commit-every", "3", "--total-steps", "30000")
     try:
         wait_until(tmp_path / "job/attempt0", 40, job)
         assert cli("kill", "node0", "--power-off").returncode == 0
@@ -107,7 +107,7 @@ def test_a_lost_node_is_survived_and_a_booted_one_rejoins(cluster, tmp_path):
     restored = json.loads((tmp_path / "job/attempt1/elastic.json").read_text())["restored"]
     assert restored["host"] in ("node1", "node2")          # node0's memory went with it
     final = json.loads((tmp_path / "job/attempt2/summary.json").read_text())
-    assert 40000 - 3 * 64 < final["env_steps"] <= 40000
+    assert 30000 - 3 * 64 < final["env_steps"] <= 30000
     assert not (tmp_path / "memory").exists() or not any((tmp_path / "memory").iterdir())
 
 
@@ -141,7 +141,7 @@ def test_a_slurm_job_goes_on_without_a_dead_node(cluster, tmp_path):
     done = cli("login", "--", "sbatch", "-N", "3", "--ntasks-per-node=1",
                f"--output={tmp_path / 'out.txt'}", "experiments/slurm/elastic.sbatch",
                "--env", "CartPole-v1", "--num-envs", "2", "--rollout-steps", "32",
-               "--log-flush-every", "1", "--log-every", "5", "--total-steps", "30000", env=env)
+               "--log-flush-every", "1", "--log-every", "5", "--total-steps", "20000", env=env)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split()[-1]
     run = tmp_path / f"mpirl-elastic-{job_id}"
@@ -165,4 +165,4 @@ def test_a_slurm_job_goes_on_without_a_dead_node(cluster, tmp_path):
     assert table["ranks"].tolist() == [3, 2]
     assert 0 <= table.loc[1, "lost_updates"] <= 3
     final = json.loads((run / "attempt1/summary.json").read_text())
-    assert 30000 - 3 * 64 < final["env_steps"] <= 30000
+    assert 20000 - 2 * 64 < final["env_steps"] <= 20000

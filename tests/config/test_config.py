@@ -122,3 +122,20 @@ def test_an_option_another_design_owns_is_refused(tmp_path, fields, message):
     part: one line at start, naming the designs that take it and the default."""
     with pytest.raises(ConfigError, match=message):
         Config(run_dir=str(tmp_path), **fields).validate(4)
+
+
+def test_a_design_starts_from_its_own_defaults_where_the_user_set_nothing(tmp_path):
+    """gorila's lr (its registry row's defaults) where neither a flag nor the YAML file
+    sets it; a value the user gives wins, and a resumed run keeps its saved one."""
+    assert parse_args(["--mode", "gorila"]).lr == 5e-4
+    assert parse_args(["--mode", "sync"]).lr == Config().lr == 1e-3
+    assert parse_args(["--mode", "gorila", "--lr", "0.002"]).lr == 0.002
+    (tmp_path / "a.yaml").write_text("mode: gorila\nlr: 0.003\n")
+    (tmp_path / "b.yaml").write_text("mode: sync\n")
+    assert parse_args(["--config", str(tmp_path / "a.yaml")]).lr == 0.003
+    assert parse_args(["--config", str(tmp_path / "b.yaml"), "--mode", "gorila"]).lr == 5e-4
+    run = tmp_path / "run"
+    run.mkdir()
+    Config(mode="gorila", topology="star", lr=1e-3).save(run / "config.yaml")
+    assert parse_args(["--resume", str(run)]).lr == 1e-3
+    assert "(default: 0.001; gorila: 0.0005)" in " ".join(build_parser().format_help().split())

@@ -19,6 +19,7 @@ SAC = ["--env", "Pendulum-v1", "--num-envs", "1", "--rollout-steps", "1", "--hid
 
 def test_gorila_learns_pendulum_with_sac(tmp_path):
     _, s = train(tmp_path, 2, "--mode", "gorila", *SAC, "--total-steps", "4000",
+                 "--update-repeat", "1",   # one push per rollout: not gorila's default 2
                  "--checkpoint-every", "0", timeout_s=400)
     assert s["gradients_sent"] == s["gradients_applied"] == 4000 - 500 + 1
     with h5py.File(tmp_path / "r" / "rank0001.h5", "r") as f:
