@@ -318,6 +318,7 @@ class SyncRank:
         self.log.close(summary.totals(), writer=exchange.rank == 0)
         if self.commits is not None:
             self.commits.write_record(self.run_dir, exchange.rank)
+            self.commits.discard()    # done: no attempt follows a finished one
         return summary
 
 

@@ -154,6 +154,14 @@ class NodeCommits:
         return state, where
 
 
+    def discard(self) -> None:
+        """The job is done: this node's commits are freed (its lowest rank; the driver
+        can only reach its own node's memory)."""
+        if self.writer:
+            import shutil
+
+            shutil.rmtree(self.path.parent, ignore_errors=True)
+
     def job_wall_s(self) -> float:
         """Seconds since the elastic job's first attempt started."""
         return time.time() - self.record["job_started_unix_s"]

@@ -5,8 +5,8 @@ tests/cluster/test_elastic_cluster.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
+import signal
 
 import numpy as np
 import pytest
@@ -18,42 +18,56 @@ from analysis.elastic import attempts_table, load_job
 from analysis.elastic import main as elastic_main
 from mpirl.config import Config, ConfigError
 from mpirl.telemetry.read import load_run
-from tests.mpirun import run_mpi
+from tests.mpirun import run_mpi, start_mpi
 
 CARTPOLE = ["-m", "mpirl.run", "--env", "CartPole-v1", "--num-envs", "2",
             "--rollout-steps", "32", "--commit-every", "4", "--checkpoint-every", "0"]
 
 
+def launch(tmp_path, number: int, total: int) -> tuple[list[str], dict]:
+    """mpirl.run's arguments, and what the driver sets, for attempt ``number`` of job
+    ``t`` with a budget of ``total`` env steps."""
+    return ([*CARTPOLE, "--total-steps", str(total), "--run-dir", str(tmp_path / "runs"),
+             "--run-name", "job"],
+            {"MPIRL_ELASTIC_JOB": "t", "MPIRL_ELASTIC_ATTEMPT": str(number),
+             "MPIRL_COMMIT_DIR": str(tmp_path / "memory")})
+
+
 def attempt(tmp_path, nranks: int, number: int, total: int):
-    env = {"MPIRL_ELASTIC_JOB": "t", "MPIRL_ELASTIC_ATTEMPT": str(number),
-           "MPIRL_COMMIT_DIR": str(tmp_path / "memory")}
-    return run_mpi(nranks, [*CARTPOLE, "--total-steps", str(total), "--run-dir",
-                            str(tmp_path / "runs"), "--run-name", "job"], env=env,
-                   timeout_s=120)
+    argv, env = launch(tmp_path, number, total)
+    return run_mpi(nranks, argv, env=env, timeout_s=120)
 
 
 def test_a_restart_at_fewer_ranks_continues_from_the_commit(tmp_path, capsys):
-    """3 ranks for 20 updates (192 env steps each) commit every 4 rollouts, the last at
-    update 20; a restart at 2 ranks loads that commit (the same parameters), numbers its
-    updates on from 21, and spends the rest of a larger budget at 128 steps per update."""
-    attempt(tmp_path, 3, 0, 20 * 192)
-    commit = torch.load(tmp_path / "memory/t" / load_run(tmp_path / "runs/job/attempt0")
-                        .meta["hostnames"][0] / "commit.pt", weights_only=True)
-    first = json.loads((tmp_path / "runs/job/attempt0/summary.json").read_text())
-    assert commit["update"] == first["updates"] == 20 and commit["ranks"] == 3
-    assert hashlib.sha256(commit["learner"]["params"].numpy().tobytes()).hexdigest() == \
-        first["param_digest"]
-    assert commit["counters"]["env_steps"] == 3840
+    """3 ranks stopped by SIGTERM once rank 0 passed update 20 (as the driver stops an
+    attempt for a rejoin): every rank stops at its next rollout and commits.  A restart
+    at 2 ranks loads that commit (the stop checkpoint's parameters), numbers its updates
+    on, spends the rest of the budget at 128 env steps per update, and, finished, frees
+    its node's commit."""
+    argv, env = launch(tmp_path, 0, 10_000_000)
+    first = start_mpi(3, argv, env=env)
+    first.reached(tmp_path / "runs/job/attempt0", 0, 20)
+    first.signal(signal.SIGTERM)
+    assert first.wait(120) == 143, first.tail()
+    host = load_run(tmp_path / "runs/job/attempt0").meta["hostnames"][0]
+    commit = torch.load(tmp_path / "memory/t" / host / "commit.pt", weights_only=True)
+    at = commit["update"]
+    assert at >= 20 and commit["ranks"] == 3 and commit["counters"]["env_steps"] == at * 192
+    stopped = torch.load(tmp_path / "runs/job/attempt0/checkpoints/rank0000.pt",
+                         weights_only=True)
+    assert torch.equal(commit["learner"]["params"], stopped["params"])
 
-    job = attempt(tmp_path, 2, 1, 3840 + 10 * 128)
-    assert "attempt 1: 2 ranks" in job.output and "continuing from update 20 (3840 env " \
-        "steps)" in job.output, job.tail()
+    job = attempt(tmp_path, 2, 1, at * 192 + 10 * 128)
+    assert "attempt 1: 2 ranks" in job.output and f"continuing from update {at} " \
+        f"({at * 192} env steps)" in job.output, job.tail()
     second = load_run(tmp_path / "runs/job/attempt1")
-    assert sorted(second.updates["update"].unique()) == list(range(21, 31))
-    assert second.summary["env_steps"] == 3840 + 10 * 128
+    assert sorted(second.updates["update"].unique()) == list(range(at + 1, at + 11))
+    assert second.summary["env_steps"] == at * 192 + 10 * 128
     record = json.loads((tmp_path / "runs/job/attempt1/elastic.json").read_text())
-    assert record["restored"]["update"] == 20 and record["restored"]["committed_by_ranks"] == 3
-    assert record["ranks"] == 2 and record["commits"] == 2      # at updates 24 and 28
+    assert record["restored"]["update"] == at and record["restored"]["committed_by_ranks"] == 3
+    assert record["ranks"] == 2
+    assert record["commits"] == sum(1 for u in range(at + 1, at + 11) if u % 4 == 0)
+    assert not (tmp_path / "memory/t" / host).exists()        # done: freed
     table = attempts_table(load_job(tmp_path / "runs/job"))
     assert table["ranks"].tolist() == [3, 2] and table.loc[1, "lost_updates"] == 0
     the_attempts_read_back_as_one_job(tmp_path, capsys)
