@@ -260,7 +260,10 @@ class SyncRank:
             self.saved.save(self.run_dir, self.exchange.rank)
 
     def commit(self) -> None:
-        """An elastic commit: the replicated state into each node's memory."""
+        """An elastic commit: the replicated state into each node's memory (built only
+        on the rank that writes it: the others hold the same)."""
+        if not self.commits.writer:
+            return
         self.commits.commit(self.count.update, self.count.env_steps,
                             {"learner": self.learner.state(),
                              "counters": self.count.committed()})
