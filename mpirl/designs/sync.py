@@ -82,15 +82,15 @@ class Counters:
                                    self.steps_per_batch)
         self.gradients = state.get("gradients", self.update * self.world_size)
 
+    #: where the run is, whatever the rank count: what an elastic commit keeps
+    COMMITTED = ("batch_index", "update", "skipped", "env_steps", "gradients")
+
     def committed(self) -> dict:
-        """Where the run is, whatever the rank count: what an elastic commit keeps."""
-        return {"batch_index": self.batch_index, "update": self.update,
-                "skipped": self.skipped, "env_steps": self.env_steps,
-                "gradients": self.gradients}
+        return {key: getattr(self, key) for key in self.COMMITTED}
 
     def continue_from(self, state: dict) -> None:
         """Continue from an elastic commit (possibly of another rank count)."""
-        for key in ("batch_index", "update", "skipped", "env_steps", "gradients"):
+        for key in self.COMMITTED:
             setattr(self, key, int(state[key]))
 
 
