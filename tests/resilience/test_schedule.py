@@ -42,7 +42,7 @@ ROUND_ROBIN_BROKEN = ("async", "quorum", "impala", "seed")
 
 
 def _run(tmp_path, nranks, name, *args, check=True):
-    return run_mpi(nranks, ["-m", "mpirl.run", *SMALL, "--total-steps", "3000",
+    return run_mpi(nranks, ["-m", "mpirl.run", *SMALL, "--total-steps", "2000",
                             "--straggler", "1:2", *args, "--run-dir",
                             str(tmp_path), "--run-name", name], timeout_s=180, check=check)
 
