@@ -33,7 +33,8 @@ BASE = ["--env", "CartPole-v1", "--seed", "7", "--log-every", "1000"]
 CASES: dict[str, tuple[int, list[str], bool]] = {
     **{f"sync-{top}-{n}r": (n, ["--mode", "sync", "--topology", top, "--total-steps", "3000"],
                             False)
-       for top in ("native", "star", "tree", "butterfly", "ring") for n in (1, 2, 3, 4)},
+       for top in ("native", "star", "tree", "butterfly", "ring", "rabenseifner")
+       for n in (1, 2, 3, 4)},
     "async-3r": (3, ["--mode", "async", "--topology", "star", "--total-steps", "3000"], True),
     "quorum-4r": (4, ["--mode", "quorum", "--topology", "star", "--total-steps", "3000"], True),
     "async-sharded-4r": (4, ["--mode", "async", "--topology", "star", "--servers", "2",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from .base import BufferMismatchError, CommStats, Topology, TopologyError
 from .butterfly import Butterfly
 from .native import Native
+from .rabenseifner import Rabenseifner
 from .ring import Ring
 from .star import Star
 from .tree import Tree
@@ -26,6 +27,7 @@ REGISTRY: dict[str, type[Topology]] = {
     "tree": Tree,            # binomial reduce + binomial broadcast
     "butterfly": Butterfly,  # recursive doubling, non-power-of-two fold
     "ring": Ring,            # reduce-scatter + allgather
+    "rabenseifner": Rabenseifner,  # recursive halving + doubling, non-power-of-two fold
 }
 
 

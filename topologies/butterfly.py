@@ -70,6 +70,34 @@ def rank_of(newrank: int, size: int) -> int:
     return newrank * 2 + 1 if newrank < rem else newrank + rem
 
 
+def fold_in(topo: Topology, buf: np.ndarray, tag: int) -> int:
+    """MPICH's fold, before the rounds: among the first ``2*rem`` ranks each even one
+    sends its buffer to the odd one above, which adds it in.  Returns this rank's
+    newrank (-1: folded out, it waits in :func:`fold_out`)."""
+    rank, size = topo.rank, topo.size
+    newrank, pof2 = fold(rank, size)
+    if rank < 2 * (size - pof2):
+        if newrank < 0:
+            topo._send(buf, rank + 1, tag)
+        else:
+            incoming = topo._scratch(buf.size, buf.dtype)
+            topo._recv(incoming, rank - 1, tag)
+            np.add(buf, incoming, out=buf)
+    return newrank
+
+
+def fold_out(topo: Topology, buf: np.ndarray, tag: int) -> None:
+    """The fold undone after the rounds: each odd rank of the first ``2*rem`` sends the
+    result to the even rank it absorbed."""
+    rank, size = topo.rank, topo.size
+    newrank, pof2 = fold(rank, size)
+    if rank < 2 * (size - pof2):
+        if newrank < 0:
+            topo._recv(buf, rank + 1, tag)
+        else:
+            topo._send(buf, rank - 1, tag)
+
+
 class Butterfly(Topology):
     """Recursive doubling (butterfly) allreduce with MPICH's non-power-of-two fold."""
 
@@ -84,31 +112,17 @@ class Butterfly(Topology):
         return Tree.cost(op, p, n)          # bcast: the binomial tree's
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
-        rank, size = self.rank, self.size
-        newrank, pof2 = fold(rank, size)
-        rem = size - pof2
-        incoming = self._scratch(buf.size, buf.dtype)
-
-        if rank < 2 * rem:                       # fold: even -> odd neighbour
-            if newrank < 0:
-                self._send(buf, rank + 1, _TAG_FOLD)
-            else:
-                self._recv(incoming, rank - 1, _TAG_FOLD)
-                np.add(buf, incoming, out=buf)
-
+        newrank = fold_in(self, buf, _TAG_FOLD)
         if newrank >= 0:                         # the butterfly proper
+            pof2 = fold(self.rank, self.size)[1]
+            incoming = self._scratch(buf.size, buf.dtype)
             mask = 1
             while mask < pof2:
-                partner = rank_of(newrank ^ mask, size)
+                partner = rank_of(newrank ^ mask, self.size)
                 self._sendrecv(buf, partner, incoming, partner, _TAG_ROUND)
                 np.add(buf, incoming, out=buf)
                 mask <<= 1
-
-        if rank < 2 * rem:                       # unfold: odd -> even neighbour
-            if newrank < 0:
-                self._recv(buf, rank + 1, _TAG_UNFOLD)
-            else:
-                self._send(buf, rank - 1, _TAG_UNFOLD)
+        fold_out(self, buf, _TAG_UNFOLD)
 
     def _bcast(self, buf: np.ndarray, root: int) -> None:
         binomial_bcast(self, buf, root, _TAG_BCAST)

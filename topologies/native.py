@@ -6,12 +6,10 @@ one through MPICH's CVARs to compare like with like.
 
 Cost: that of the algorithm MPI picks.  :data:`MPICH_ALGORITHMS` gives the cost of each
 algorithm ``mpirl.bench`` can force; the cost model predicts MPI's own choice as the
-cheapest of them.  Three share a data flow with mpirl's topologies (recursive doubling:
-butterfly; ring: ring; binomial broadcast and tree allreduce: tree); the other two, with
-``q`` the largest power of two <= p, ``r = p - q``, ``x = [r > 0]``::
+cheapest of them.  Four share a data flow with mpirl's topologies (recursive doubling:
+butterfly; ring: ring; reduce_scatter_allgather: rabenseifner; binomial broadcast and
+tree allreduce: tree); the other, with ``q`` the largest power of two <= p::
 
-    reduce_scatter_allgather  (Rabenseifner: recursive halving, then doubling)
-        messages 2 log2(q) + 2x, bytes moved 2(q-1)/q n + 2x n, reduced (q-1)/q n + x n
     scatter_ring_allgather    (bcast: binomial scatter, then ring allgather)
         messages log2(q) + p-1,  bytes moved 2(p-1)/p n
 """
@@ -25,15 +23,9 @@ from mpi4py import MPI
 
 from .base import NO_COST, Cost, Topology, _msg, fold, no_model
 from .butterfly import Butterfly
+from .rabenseifner import Rabenseifner
 from .ring import Ring
 from .tree import Tree
-
-
-def _reduce_scatter_allgather(op: str, p: int, n: float) -> Cost:
-    q, r = fold(p)
-    steps, extra = math.log2(q), float(r > 0)
-    return Cost(2 * steps + 2 * extra, 2 * (q - 1) / q * n + 2 * extra * n,
-                (q - 1) / q * n + extra * n)
 
 
 def _scatter_ring_allgather(op: str, p: int, n: float) -> Cost:
@@ -44,7 +36,7 @@ def _scatter_ring_allgather(op: str, p: int, n: float) -> Cost:
 #: op -> MPICH algorithm -> its cost ``(op, p, n) -> Cost``
 MPICH_ALGORITHMS = {
     "allreduce": {"recursive_doubling": Butterfly.cost, "ring": Ring.cost, "tree": Tree.cost,
-                  "reduce_scatter_allgather": _reduce_scatter_allgather},
+                  "reduce_scatter_allgather": Rabenseifner.cost},
     "bcast": {"binomial": Tree.cost, "scatter_ring_allgather": _scatter_ring_allgather},
 }
 

@@ -88,8 +88,9 @@ def human(nbytes: int) -> str:
 
 #: the MPICH algorithm each home-made topology implements (same data flow), per op
 SAME_ALGORITHM = {
-    "allreduce": {"butterfly": "recursive_doubling", "ring": "ring", "tree": "tree"},
-    "bcast": {"tree": "binomial", "butterfly": "binomial"},
+    "allreduce": {"butterfly": "recursive_doubling", "ring": "ring", "tree": "tree",
+                  "rabenseifner": "reduce_scatter_allgather"},
+    "bcast": {"tree": "binomial", "butterfly": "binomial", "rabenseifner": "binomial"},
 }
 #: MPICH algorithms measured by default (forced at run time, see mpirl.mpich)
 MPICH_DEFAULT = {

@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
           "which size")
     for p in (2, 3, 4, 8, 64, 1024, 4096):
         cells = []
-        for x, y in (("butterfly", "ring"), ("tree", "ring"), ("star", "tree"),
-                     ("butterfly", "native")):
+        for x, y in (("butterfly", "ring"), ("rabenseifner", "ring"), ("tree", "ring"),
+                     ("star", "tree"), ("butterfly", "native")):
             cells.append(describe_crossover(params, "allreduce", x, y, p))
         print(f"  p={p:<5} " + "; ".join(cells))
     if args.out:

@@ -40,8 +40,11 @@ def expected(name, op, p, n):
         ("star", "allreduce"): (2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n),
         ("tree", "bcast"): (L(p), L(p) * n, 0),
         ("butterfly", "bcast"): (L(p), L(p) * n, 0),
+        ("rabenseifner", "bcast"): (L(p), L(p) * n, 0),
         ("star", "bcast"): (p - 1, (p - 1) * n, 0),
         ("reduce_scatter_allgather", "allreduce"):
+            (2 * lq + 2 * x, 2 * (q - 1) / q * n + 2 * x * n, (q - 1) / q * n + x * n),
+        ("rabenseifner", "allreduce"):
             (2 * lq + 2 * x, 2 * (q - 1) / q * n + 2 * x * n, (q - 1) / q * n + x * n),
         ("scatter_ring_allgather", "bcast"): (lq + p - 1, 2 * (p - 1) / p * n, 0),
     }
@@ -68,7 +71,7 @@ def assert_terms(got, want):
 
 
 def test_the_registry_is_what_these_formulas_cover():
-    assert set(PYTHON_TOPOLOGIES) == {"butterfly", "ring", "tree", "star"}
+    assert set(PYTHON_TOPOLOGIES) == {"butterfly", "ring", "tree", "star", "rabenseifner"}
     assert set(MPICH_AS) == {a for algs in MPICH_ALGORITHMS.values() for a in algs}
 
 

@@ -10,6 +10,7 @@ from mpi4py import MPI
 import topologies
 from topologies.base import Topology, check_buffer
 from topologies.butterfly import fold, rank_of
+from topologies.rabenseifner import plan
 from topologies.ring import chunk_bounds
 
 
@@ -85,3 +86,36 @@ def test_ring_chunks_cover_the_buffer_without_overlap(count, size):
     assert bounds[0] == 0 and bounds[-1] == count and len(bounds) == size + 1
     lengths = np.diff(bounds)
     assert lengths.min() >= 0 and lengths.max() - lengths.min() <= 1
+
+
+@given(st.integers(min_value=1, max_value=13), st.integers(min_value=0, max_value=300))
+def test_rabenseifner_plan_sums_every_block_once_and_gathers_it_everywhere(size, count):
+    """Every participant's rounds, played in one process on integer buffers (exact sums):
+    each partner sends what the other keeps, each block's sum is made by its owner
+    alone, and the allgather leaves the whole sum on every participant."""
+    pof2 = fold(0, size)[1]
+    rng = np.random.default_rng(size * 1000 + count)
+    bufs = {n: rng.integers(-1000, 1000, count) for n in range(pof2)}
+    total = sum(bufs.values())
+    plans = {n: plan(n, pof2, size, count) for n in range(pof2)}
+    for phase in (0, 1):
+        for step in range(len(plans[0][phase])):
+            sent = {}
+            for n in range(pof2):
+                partner, (s0, s1), received = plans[n][phase][step]
+                sent[n] = (bufs[n][s0:s1].copy(), (s0, s1), partner)
+            for n in range(pof2):
+                partner, _, (r0, r1) = plans[n][phase][step]
+                data, span, to = sent[fold(partner, size)[0]]
+                assert to == rank_of(n, size) and span == (r0, r1)
+                if phase == 0:
+                    bufs[n][r0:r1] += data
+                else:
+                    bufs[n][r0:r1] = data
+        if phase == 0:     # after the reduce-scatter, participant n owns block n
+            bounds = chunk_bounds(count, pof2)
+            for n in range(pof2):
+                lo, hi = bounds[n], bounds[n + 1]
+                assert np.array_equal(bufs[n][lo:hi], total[lo:hi])
+    for n in range(pof2):
+        assert np.array_equal(bufs[n], total)

@@ -16,7 +16,7 @@ import topologies
 from conftest import SEED
 from mpirun import run_mpi
 
-RANK_COUNTS = [1, 2, 3, 4, 5, 8]
+RANK_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8]
 SCRIPT = "tests/mpi/check_topologies.py"
 
 #: (nranks, flags) -> the output of the job that checked every topology, or why it failed
