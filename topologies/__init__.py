@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .base import BufferMismatchError, CommStats, Topology, TopologyError
 from .butterfly import Butterfly
+from .hierarchical import Hierarchical
 from .native import Native
 from .rabenseifner import Rabenseifner
 from .ring import Ring
@@ -28,6 +29,7 @@ REGISTRY: dict[str, type[Topology]] = {
     "butterfly": Butterfly,  # recursive doubling, non-power-of-two fold
     "ring": Ring,            # reduce-scatter + allgather
     "rabenseifner": Rabenseifner,  # recursive halving + doubling, non-power-of-two fold
+    "hierarchical": Hierarchical,  # node reduce, leaders' inner topology, node bcast
 }
 
 
@@ -44,12 +46,21 @@ def names() -> list[str]:
 
 
 def get(name: str) -> type[Topology]:
-    """The topology class registered as ``name``; unknown names list the valid ones."""
+    """The topology class registered as ``name``; unknown names list the valid ones.
+
+    ``NAME:OPTIONS`` names a variant of a topology that takes options (its classmethod
+    ``variant``), e.g. ``hierarchical:butterfly:2``."""
+    base, _, options = name.partition(":") if isinstance(name, str) else (name, "", "")
     try:
-        return REGISTRY[name]
+        cls = REGISTRY[base]
     except (KeyError, TypeError):
         raise UnknownTopologyError(
             f"unknown topology {name!r}; valid names: {', '.join(REGISTRY)}") from None
+    if not options:
+        return cls
+    if not hasattr(cls, "variant"):
+        raise UnknownTopologyError(f"topology {base!r} takes no options (got {name!r})")
+    return cls.variant(options, get)
 
 
 __all__ = ["REGISTRY", "BufferMismatchError", "CommStats", "Topology", "TopologyError",

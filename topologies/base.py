@@ -202,6 +202,11 @@ class Topology(abc.ABC):
             raise no_model(cls.name, op)
         return NO_COST if p == 1 else cls._cost(op, p, n)
 
+    def layout(self) -> str | None:
+        """One line on how the topology laid itself out over the ranks, where that is
+        not evident from its name (the runtime prints it at start); None otherwise."""
+        return None
+
     # -- what each topology implements ---------------------------------------------------
     @classmethod
     @abc.abstractmethod

@@ -61,6 +61,14 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         use = self.design.topology_use
         return use in ("allreduce", "star") or (use == "learners" and self.learners > 1)
 
+    @property
+    def topology_spec(self) -> str:
+        """What ``topologies.get`` builds: the name, with hierarchical's options
+        (``hierarchical:INNER[:NODE_SIZE]``)."""
+        if self.topology != "hierarchical":
+            return self.topology
+        return f"hierarchical:{self.inner}" + (f":{self.node_size}" if self.node_size else "")
+
     def default_run_name(self, world_size: int) -> str:
         """A run's directory name when ``run_name`` is empty: the design (with its
         topology where it uses one), the rank count and the time of day."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .. import registry
 from ..errors import ConfigError
-from .checks import choice, doc
+from .checks import at_least, choice, doc
 
 #: the ``--mode`` names, from the design registry (its rows decide every per-design check)
 MODES = registry.MODES
@@ -18,6 +18,11 @@ LATE_POLICIES = ("drop", "apply")
 @dataclass
 class DesignFields:
     topology: str = doc("gradient exchange, a name registered in topologies/", default="butterfly")
+    inner: str = doc("topology hierarchical: the node leaders' exchange, any other "
+                     "registered topology", default="ring")
+    node_size: int = doc("topology hierarchical: nodes of this many consecutive ranks (to "
+                         "study the two levels on one machine); 0 = the ranks that share "
+                         "memory", default=0)
     mode: str = doc(
         "training design: " + ", ".join(registry.DESIGNS) + " (each described above; "
         "docs/modes.md)", default="sync")
@@ -36,6 +41,7 @@ def check_design(cfg, world_size: int) -> None:
 
     choice("mode", cfg.mode, MODES)
     choice("topology", cfg.topology, topologies.names())
+    check_hierarchical(cfg)
     choice("late", cfg.late, LATE_POLICIES)
     design = registry.design(cfg.mode)
     if design.topology_use == "star" and cfg.topology != "star":
@@ -51,6 +57,20 @@ def check_design(cfg, world_size: int) -> None:
         if rank >= world_size:
             raise ConfigError(f"straggler rank {rank} does not exist; allowed ranks: "
                               f"0..{world_size - 1}")
+
+
+def check_hierarchical(cfg) -> None:
+    """``--inner`` and ``--node-size`` name a valid variant, and only hierarchical's."""
+    import topologies
+
+    if cfg.topology != "hierarchical":
+        for name, default in (("inner", "ring"), ("node_size", 0)):
+            if getattr(cfg, name) != default:
+                raise ConfigError(f"{name}={getattr(cfg, name)!r} applies to topology "
+                                  f"hierarchical only; topology={cfg.topology!r}")
+        return
+    choice("inner", cfg.inner, [n for n in topologies.names() if n != "hierarchical"])
+    at_least("node_size", cfg.node_size, 0)
 
 
 #: design options checked elsewhere, with their own messages: PPO's (check_learner) and

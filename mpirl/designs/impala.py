@@ -38,7 +38,7 @@ from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, Acco
                                 UnrollQueue, VtraceTrainer, actor_counts, meta_nbytes,
                                 params_reply, end_run)
 from ..kit.book import Book
-from ..kit.common import Episodes, Summary, start_replica
+from ..kit.common import Episodes, Summary, print_layout, start_replica
 from ..parts.actor import ModelPolicy
 from ..parts.unroll import UNROLL_META, UnrollLayout
 from ..resilience.guard import Guard
@@ -156,8 +156,9 @@ class ImpalaLearner:
         self.cfg, self.comm, self.sub, self.learner, self.layout = (cfg, comm, learners_comm,
                                                                     learner, layout)
         self.actors = actors
-        exchange = (topologies.get(cfg.topology)(learners_comm)
+        exchange = (topologies.get(cfg.topology_spec)(learners_comm)
                     if learners_comm.Get_size() > 1 else None)
+        print_layout(exchange, learners_comm.Get_rank())
         self.trainer = VtraceTrainer(cfg, learner, exchange)
         self.server = ChannelServer(comm, actors, layout.nbytes)
         self.replies = {a: params_reply(learner.params.size) for a in actors}

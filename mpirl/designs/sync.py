@@ -35,7 +35,7 @@ from mpi4py import MPI
 from ..config import Config
 from ..errors import ReplicaDivergence
 from ..kit.common import (Episodes, Summary, build_replica, check_same_model, comm_share,
-                          final_mean_return, reached_target, sum_over_ranks)
+                          final_mean_return, print_layout, reached_target, sum_over_ranks)
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Learner
 from ..parts.learner.normalize import Moments
@@ -140,7 +140,8 @@ class SyncRank:
         rank = comm.Get_rank()
         learner, actor = build_replica(cfg, rank)
         check_same_model(comm, learner)
-        exchange = Exchange(cfg.topology, comm, cfg.on_failure)
+        exchange = Exchange(cfg.topology_spec, comm, cfg.on_failure)
+        print_layout(exchange.topology, rank)
         exchange.bcast(learner.params, root=0)      # identical start, whatever torch did
         count, episodes = Counters(comm.Get_size(), cfg.steps_per_batch), Episodes()
         progress = Progress(run_dir, enabled=rank == 0, resume=bool(cfg.resume))

@@ -31,7 +31,7 @@ from mpi4py import MPI
 from ..config import Config
 from ..errors import ReplicaDivergence
 from ..kit import ledger
-from ..kit.common import (Episodes, Summary, build_dqn, close_run, comm_share,
+from ..kit.common import (Episodes, Summary, build_dqn, close_run, comm_share, print_layout,
                           reached_target, start_replica, sum_over_ranks)
 from ..kit.memory import LocalMemory
 from ..parts.replay import beta_at
@@ -78,7 +78,8 @@ class ReplayReplica:
         self.cfg, self.comm, self.run_dir = cfg, comm, run_dir
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.learner, self.actor = start_replica(cfg, comm, build=build_dqn)
-        self.exchange = topologies.get(cfg.topology)(comm)
+        self.exchange = topologies.get(cfg.topology_spec)(comm)
+        print_layout(self.exchange, self.rank)
         self.exchange.bcast(self.learner.params, root=0)       # identical start
         self.learner.sync_target()
         generator = torch.Generator().manual_seed(cfg.seed + 10000 * self.rank + 1)

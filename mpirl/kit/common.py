@@ -246,3 +246,10 @@ def ranks_sharing_cores(comm: MPI.Comm) -> int:
         return comm.Get_size() if on_emulated_cluster() else node.Get_size()
     finally:
         node.Free()
+
+
+def print_layout(topology, rank: int) -> None:
+    """Rank 0 prints the topology's layout line (``Topology.layout``), if it has one."""
+    line = topology.layout() if topology is not None else None
+    if line and rank == 0:
+        print(f"mpirl: {line}", flush=True)

@@ -58,6 +58,14 @@ def test_missing_file_is_reported(tmp_path):
     ({"num_envs": 0}, "num_envs=0; allowed: >= 1"),
     ({"hidden": [64, 0]}, "hidden=[64, 0]"),
     ({"activation": "gelu"}, "choose one of: tanh, relu, elu"),
+    ({"topology": "hierarchical", "inner": "hierarchical"},
+     "inner='hierarchical' is not allowed; choose one of: native, star"),
+    ({"topology": "hierarchical", "node_size": -1}, "node_size=-1; allowed: >= 0"),
+    ({"topology": "ring", "inner": "tree"},
+     "inner='tree' applies to topology hierarchical only"),
+    ({"topology": "ring", "node_size": 2}, "node_size=2 applies to topology hierarchical only"),
+    ({"topology": "hierarchical", "on_failure": "shrink"},
+     "on_failure='shrink' with topology='hierarchical'"),
 ])
 def test_validation_names_field_and_allowed_values(changes, fragment):
     cfg = Config(**changes)
@@ -68,6 +76,14 @@ def test_validation_names_field_and_allowed_values(changes, fragment):
 
 def test_defaults_are_valid():
     Config().validate(world_size=4)
+
+
+def test_hierarchical_options_make_the_topology_spec():
+    assert Config(topology="ring").topology_spec == "ring"
+    assert Config(topology="hierarchical").topology_spec == "hierarchical:ring"
+    cfg = Config(topology="hierarchical", inner="butterfly", node_size=2)
+    cfg.validate(world_size=4)
+    assert cfg.topology_spec == "hierarchical:butterfly:2"
 
 
 def test_server_modes_need_a_worker_and_the_star():

@@ -41,6 +41,9 @@ def expected(name, op, p, n):
         ("tree", "bcast"): (L(p), L(p) * n, 0),
         ("butterfly", "bcast"): (L(p), L(p) * n, 0),
         ("rabenseifner", "bcast"): (L(p), L(p) * n, 0),
+        # one node of p ranks (nodes by shared memory): the node level alone
+        ("hierarchical", "allreduce"): (2 * L(p), 2 * L(p) * n, L(p) * n),
+        ("hierarchical", "bcast"): (L(p), L(p) * n, 0),
         ("star", "bcast"): (p - 1, (p - 1) * n, 0),
         ("reduce_scatter_allgather", "allreduce"):
             (2 * lq + 2 * x, 2 * (q - 1) / q * n + 2 * x * n, (q - 1) / q * n + x * n),
@@ -71,7 +74,8 @@ def assert_terms(got, want):
 
 
 def test_the_registry_is_what_these_formulas_cover():
-    assert set(PYTHON_TOPOLOGIES) == {"butterfly", "ring", "tree", "star", "rabenseifner"}
+    assert set(PYTHON_TOPOLOGIES) == {"butterfly", "ring", "tree", "star", "rabenseifner",
+                                      "hierarchical"}
     assert set(MPICH_AS) == {a for algs in MPICH_ALGORITHMS.values() for a in algs}
 
 
@@ -107,7 +111,7 @@ def test_link_phases_are_two_where_the_root_receives_then_sends():
         for name, cls in topologies.REGISTRY.items():
             if name == "native":
                 continue
-            want = 2 if name in ("star", "tree") else 1
+            want = 2 if name in ("star", "tree", "hierarchical") else 1
             assert cls.cost("allreduce", p, 64.0).link_phases == want, name
             assert cls.cost("bcast", p, 64.0).link_phases == 1, name
         for algorithm in MPICH_ALGORITHMS["allreduce"]:
@@ -151,7 +155,7 @@ def test_coefficients_and_predict_of_each_registered_topology():
     params = costmodel.Params(alpha=2e-6, beta=1e-9, gamma=3e-10, delta=5e-6)
     for name in PYTHON_TOPOLOGIES:
         a, b, c = expected(name, "allreduce", 6, 1024.0)
-        phases = 2 if name in ("star", "tree") else 1
+        phases = 2 if name in ("star", "tree", "hierarchical") else 1
         assert costmodel.coefficients("allreduce", name, 6, 1024.0) == \
             pytest.approx((a, b, c, True, phases))
         assert costmodel.predict(params, "allreduce", name, 6, 1024.0) == pytest.approx(
@@ -206,3 +210,21 @@ def test_unknown_exchange_is_a_key_error():
         costmodel.coefficients("allreduce", "nosuch", 4, 64.0)
     with pytest.raises(KeyError):
         costmodel.coefficients("allreduce", "ring:ring", 4, 64.0)
+
+
+@pytest.mark.parametrize("inner", ["ring", "butterfly", "rabenseifner", "star"])
+def test_hierarchical_cost_is_its_two_levels(inner):
+    """A node level (binomial reduce and broadcast over k ranks) and the inner topology's
+    allreduce over the m node leaders, for emulated nodes of k ranks."""
+    for k in (1, 2, 3):
+        cls = topologies.get(f"hierarchical:{inner}:{k}")
+        for p in range(2, 10):
+            m, per = math.ceil(p / k), min(p, k)
+            for n in SIZES:
+                node = expected("tree", "allreduce", per, n) if per > 1 else (0, 0, 0)
+                link = expected(inner, "allreduce", m, n) if m > 1 else (0, 0, 0)
+                assert_terms(terms(cls.cost("allreduce", p, n)),
+                             tuple(a + b for a, b in zip(node, link, strict=True)))
+                levels = cls.levels("allreduce", m, per, n)
+                assert_terms(terms(levels[0]), node)
+                assert_terms(terms(levels[1]), link)

@@ -119,3 +119,23 @@ def test_rabenseifner_plan_sums_every_block_once_and_gathers_it_everywhere(size,
                 assert np.array_equal(bufs[n][lo:hi], total[lo:hi])
     for n in range(pof2):
         assert np.array_equal(bufs[n], total)
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("hierarchical:nope", "unknown topology 'nope'"),
+    ("hierarchical:hierarchical", "cannot be hierarchical"),
+    ("hierarchical:ring:0", "node size '0'"),
+    ("hierarchical:ring:two", "node size 'two'"),
+    ("ring:butterfly", "takes no options"),
+])
+def test_bad_variant_specs_say_what_is_allowed(spec, fragment):
+    with pytest.raises(topologies.TopologyError, match=fragment):
+        topologies.get(spec)
+
+
+def test_a_variant_is_built_once_and_keeps_its_options():
+    cls = topologies.get("hierarchical:butterfly:2")
+    assert cls is topologies.get("hierarchical:butterfly:2")
+    assert issubclass(cls, topologies.get("hierarchical"))
+    assert (cls.name, cls.inner, cls.node_size) == ("hierarchical", "butterfly", 2)
+    assert topologies.get("hierarchical").inner == "ring"
