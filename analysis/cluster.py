@@ -4,6 +4,8 @@
 
 Writes ``latency.png`` (allreduce time vs size per exchange, at each cap, one rank per
 node, with the alpha-beta-gamma model fitted on that layout and cap drawn dashed),
+``nodes.png`` (layouts with several ranks per node: the flat exchanges against the
+node-aware ``hierarchical``, time against size and bytes over each link),
 ``bottleneck.png`` (bytes through each node's link per 4 MiB allreduce, and the time
 of each topology against its bandwidth term: star 2(N-1), tree 2 log N, butterfly
 log N, ring 2(N-1)/N times n over the link's payload rate, headers counted against the
@@ -28,7 +30,10 @@ from mpirl.telemetry.read import load_bench
 
 TOPOLOGIES = ["star", "tree", "butterfly", "ring"]
 COLOURS = {"native": "black", "star": "tab:red", "tree": "tab:orange",
-           "butterfly": "tab:blue", "ring": "tab:green"}
+           "butterfly": "tab:blue", "ring": "tab:green", "rabenseifner": "tab:purple",
+           "hierarchical": "tab:brown"}
+#: the exchanges compared where nodes hold several ranks (the node-aware one among them)
+NODE_AWARE = ["native", "butterfly", "ring", "rabenseifner", "hierarchical"]
 RATE_ORDER = {"100mbit": 0, "1gbit": 1, "off": 2}
 #: smallest message the capped fits use
 FIT_FROM = 64 << 10
@@ -209,6 +214,91 @@ def bottleneck_figure(links: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def several_per_node(table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["ranks"] > table["nodes"]]
+
+
+def nodes_figure(table: pd.DataFrame, links: pd.DataFrame, path: Path) -> None:
+    """Layouts with several ranks per node: allreduce time against size for the flat
+    exchanges and the node-aware one (one panel per layout and cap), and the bytes
+    through each node's link per 4 MiB allreduce.  No model line: the one-level model
+    counts every message as crossing a link."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    multi = several_per_node(table)
+    layouts = sorted({(int(n), int(r)) for n, r in zip(multi["nodes"], multi["ranks"],
+                                                       strict=True)})
+    rates = sorted(multi["rate"].unique(), key=RATE_ORDER.get)
+    fig, axes = plt.subplots(len(layouts), len(rates) + 1, squeeze=False,
+                             figsize=(4.0 * (len(rates) + 1), 3.3 * len(layouts)))
+    for i, (nodes, ranks) in enumerate(layouts):
+        for j, rate in enumerate(rates):
+            ax = axes[i][j]
+            cell = multi[(multi["nodes"] == nodes) & (multi["ranks"] == ranks)
+                         & (multi["rate"] == rate)]
+            for topo in NODE_AWARE:
+                rows = cell[cell["topology"] == topo].sort_values("bytes")
+                if not rows.empty:
+                    ax.loglog(rows["bytes"], rows["avg_s"] * 1e3, "o-", ms=3, label=topo,
+                              color=COLOURS[topo], lw=2.2 if topo == "hierarchical" else 1.2)
+            ax.set_title(f"{nodes} nodes x {ranks // nodes} ranks, cap {rate}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_xlabel("message size (bytes)")
+            if j == 0:
+                ax.set_ylabel("allreduce time (ms)")
+        ax = axes[i][-1]
+        cell = links[(links["nodes"] == nodes) & (links["ranks"] == ranks)
+                     & (links["rate"] == "1gbit") & links["topology"].isin(NODE_AWARE)]
+        names = [t for t in NODE_AWARE if t in set(cell["topology"])]
+        per_call = [cell[cell["topology"] == t].iloc[0] for t in names]
+        mib = [np.mean([r["sent"][h] / r["calls"] / 2**20 for h in r["sent"]])
+               for r in per_call]
+        ax.bar(range(len(names)), mib, color=[COLOURS[t] for t in names])
+        ax.set_xticks(range(len(names)), names, rotation=30, fontsize=7)
+        ax.set_ylabel("MiB each node sends over its link\nper 4 MiB allreduce")
+        ax.set_title(f"{nodes} nodes x {ranks // nodes} ranks, 1 Gbit/s", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Several ranks per node: flat exchanges against the node-aware one",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def nodes_table(table: pd.DataFrame, links: pd.DataFrame) -> str:
+    multi = several_per_node(table)
+    if multi.empty:
+        return ""
+    lines = ["## Several ranks per node: allreduce in ms (mpirl.bench), and MiB each node "
+             "sends over its link per 4 MiB allreduce", "",
+             "| layout | cap | size | " + " | ".join(NODE_AWARE) + " | hierarchical / best "
+             "flat |", "|---|---|---|" + "---|" * (len(NODE_AWARE) + 1)]
+    for (nodes, ranks, rate), part in sorted(
+            multi.groupby(["nodes", "ranks", "rate"]),
+            key=lambda kv: (kv[0][0], kv[0][1], RATE_ORDER[kv[0][2]])):
+        for size in (64 << 10, 1 << 20, 4 << 20):
+            t = part[part["bytes"] == size].set_index("topology")["avg_s"] * 1e3
+            if t.empty:
+                continue
+            flat = min(t.get(x, np.inf) for x in NODE_AWARE if x != "hierarchical")
+            lines.append(f"| {nodes} x {ranks // nodes} | {rate} | {size >> 10} KiB | "
+                         + " | ".join(f"{t.get(x, np.nan):.1f}" for x in NODE_AWARE)
+                         + f" | {t.get('hierarchical', np.nan) / flat:.2f} |")
+        cell = links[(links["nodes"] == nodes) & (links["ranks"] == ranks)
+                     & (links["rate"] == rate)].set_index("topology")
+        if not cell.empty:
+            sent = {t: np.mean([v / cell.loc[t, "calls"] / 2**20
+                                for v in cell.loc[t, "sent"].values()])
+                    for t in NODE_AWARE if t in cell.index}
+            lines.append(f"| {nodes} x {ranks // nodes} | {rate} | link MiB | "
+                         + " | ".join(f"{sent.get(x, np.nan):.1f}" for x in NODE_AWARE)
+                         + " | |")
+    return "\n".join(lines) + "\n\n"
+
+
 def tables(table: pd.DataFrame, links: pd.DataFrame) -> str:
     lines = ["# Emulated cluster: allreduce by topology (experiments/bench_cluster.py)", ""]
     for size in (1 << 20, 4 << 20):
@@ -278,10 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     table, fits = fitted(bench)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    latency_figure(table, out / "latency.png")
-    if not links.empty:
+    one_per_node = (table["nodes"] == table["ranks"]).any()
+    if one_per_node:
+        latency_figure(table, out / "latency.png")
+    if one_per_node and not links.empty and (links["ranks_per_node"] == 1).any():
         bottleneck_figure(links, out / "bottleneck.png")
-    text = tables(table, links)
+    if not several_per_node(table).empty and not links.empty:
+        nodes_figure(table, links, out / "nodes.png")
+    text = tables(table, links) + nodes_table(table, links)
     if args.training:
         runs = training(args.training, fits)
         if not runs.empty:
@@ -292,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         {f"{n}n-{r}r-{rate}": p.as_dict() for (n, r, rate), p in fits.items()}, indent=1))
     table.drop(columns=["file"]).to_csv(out / "costmodel.csv", index=False)
     print(text)
-    print(f"wrote {out}/latency.png, bottleneck.png, results.md, costmodel.csv")
+    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} in {out}/")
     return 0
 
 

@@ -9,17 +9,21 @@ The buffer is cut into ``q`` near-equal blocks (``q`` the participants, a power 
 block b is ``[b*n//q, (b+1)*n//q)``, as the ring cuts its chunks).  Participant
 ``newrank`` starts responsible for every block and ends owning block ``newrank``:
 
-* Reduce-scatter, distance halving: with ``mask`` from q/2 down to 1, exchange with
-  ``newrank ^ mask``; each side keeps the half of its current block range that holds
-  its own block (the upper half if ``newrank & mask``), sends the other half and adds
-  the partner's copy of the half it keeps.  After log2 q rounds, block ``newrank``
-  holds the complete sum, computed on this rank alone.
-* Allgather, distance doubling: the same exchanges in reverse order; each side sends the
-  range it kept in that round and receives, straight into place, the range it gave.
+* Reduce-scatter, recursive vector halving with distance doubling: with ``mask`` from 1
+  up to q/2, exchange with ``newrank ^ mask``; both partners hold the same block range
+  (it depends only on the bits below ``mask``), each keeps one half (the upper if
+  ``newrank & mask``), sends the other and adds the partner's copy of the half it
+  keeps.  After log2 q rounds each participant holds the complete sum of one block (the
+  block whose index is its newrank with the bits reversed), computed on it alone.
+* Allgather, recursive doubling: the same exchanges in reverse order; each side sends
+  the range it kept in that round and receives, straight into place, the range it gave.
 
 Each block's sum is computed once, by its owner, and then copied, so every rank ends
-with identical bytes.  The blocks differ from MPICH's in order only (MPICH pairs
-distance 1 first with a bit-reversed block order); the messages and bytes are the same.
+with identical bytes.  The order is MPICH's, and it matters on a cluster: the largest
+exchange (half the buffer) goes to the nearest rank, which shares the node when ranks
+are placed in blocks, and only the smaller ones cross the link.  Pairing distance q/2
+first (the textbook order) sent twice the bytes over each link at 4 nodes x 2 ranks
+and took 2.0x MPICH's time at 100 Mbit/s; this order moves what MPICH moves.
 
 Non-power-of-two rank counts are folded as MPICH folds them (see
 :mod:`topologies.butterfly`): among the first ``2r`` ranks each even rank sends its whole
@@ -67,14 +71,14 @@ def plan(newrank: int, pof2: int, size: int, count: int) -> tuple[list[Step], li
     bounds = chunk_bounds(count, pof2)
     lo, hi = 0, pof2                       # the blocks this rank is still responsible for
     halving: list[Step] = []
-    mask = pof2 >> 1
-    while mask:
+    mask = 1
+    while mask < pof2:
         mid = (lo + hi) // 2
         keep, give = ((mid, hi), (lo, mid)) if newrank & mask else ((lo, mid), (mid, hi))
         halving.append((rank_of(newrank ^ mask, size), (bounds[give[0]], bounds[give[1]]),
                         (bounds[keep[0]], bounds[keep[1]])))
         lo, hi = keep
-        mask >>= 1
+        mask <<= 1
     doubling = [(partner, kept, given) for partner, given, kept in reversed(halving)]
     return halving, doubling
 

@@ -112,10 +112,11 @@ def test_rabenseifner_plan_sums_every_block_once_and_gathers_it_everywhere(size,
                     bufs[n][r0:r1] += data
                 else:
                     bufs[n][r0:r1] = data
-        if phase == 0:     # after the reduce-scatter, participant n owns block n
+        if phase == 0 and pof2 > 1:   # after the reduce-scatter: one block per owner
             bounds = chunk_bounds(count, pof2)
-            for n in range(pof2):
-                lo, hi = bounds[n], bounds[n + 1]
+            kept = {n: plans[n][0][-1][2] for n in range(pof2)}
+            assert sorted(kept.values()) == [(bounds[b], bounds[b + 1]) for b in range(pof2)]
+            for n, (lo, hi) in kept.items():
                 assert np.array_equal(bufs[n][lo:hi], total[lo:hi])
     for n in range(pof2):
         assert np.array_equal(bufs[n], total)
