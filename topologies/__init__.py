@@ -13,6 +13,7 @@ subclass and one row below.
 
 from __future__ import annotations
 
+from .auto import Auto
 from .base import BufferMismatchError, CommStats, Topology, TopologyError
 from .butterfly import Butterfly
 from .hierarchical import Hierarchical
@@ -30,6 +31,7 @@ REGISTRY: dict[str, type[Topology]] = {
     "ring": Ring,            # reduce-scatter + allgather
     "rabenseifner": Rabenseifner,  # recursive halving + doubling, non-power-of-two fold
     "hierarchical": Hierarchical,  # node reduce, leaders' inner topology, node bcast
+    "auto": Auto,            # per call size, the candidate the fitted cost model picks
 }
 
 

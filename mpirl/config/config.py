@@ -63,11 +63,14 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
 
     @property
     def topology_spec(self) -> str:
-        """What ``topologies.get`` builds: the name, with hierarchical's options
-        (``hierarchical:INNER[:NODE_SIZE]``)."""
-        if self.topology != "hierarchical":
-            return self.topology
-        return f"hierarchical:{self.inner}" + (f":{self.node_size}" if self.node_size else "")
+        """What ``topologies.get`` builds: the name, with its options
+        (``hierarchical:INNER[:NODE_SIZE]``, ``auto:PARAMS.json``)."""
+        if self.topology == "hierarchical":
+            return f"hierarchical:{self.inner}" + (f":{self.node_size}" if self.node_size
+                                                   else "")
+        if self.topology == "auto" and self.cost_params:
+            return f"auto:{self.cost_params}"
+        return self.topology
 
     def default_run_name(self, world_size: int) -> str:
         """A run's directory name when ``run_name`` is empty: the design (with its

@@ -23,6 +23,9 @@ class DesignFields:
     node_size: int = doc("topology hierarchical: nodes of this many consecutive ranks (to "
                          "study the two levels on one machine); 0 = the ranks that share "
                          "memory", default=0)
+    cost_params: str = doc("topology auto: the params.json of python -m mpirl.costmodel "
+                           "-o DIR (this machine's or cluster's fit); empty = the built-in "
+                           "shared-memory fit", default="")
     mode: str = doc(
         "training design: " + ", ".join(registry.DESIGNS) + " (each described above; "
         "docs/modes.md)", default="sync")
@@ -41,7 +44,7 @@ def check_design(cfg, world_size: int) -> None:
 
     choice("mode", cfg.mode, MODES)
     choice("topology", cfg.topology, topologies.names())
-    check_hierarchical(cfg)
+    check_topology_options(cfg)
     choice("late", cfg.late, LATE_POLICIES)
     design = registry.design(cfg.mode)
     if design.topology_use == "star" and cfg.topology != "star":
@@ -59,18 +62,28 @@ def check_design(cfg, world_size: int) -> None:
                               f"0..{world_size - 1}")
 
 
-def check_hierarchical(cfg) -> None:
-    """``--inner`` and ``--node-size`` name a valid variant, and only hierarchical's."""
+#: topology -> its options and their defaults (the options make ``Config.topology_spec``)
+TOPOLOGY_OPTIONS = {"hierarchical": {"inner": "ring", "node_size": 0},
+                    "auto": {"cost_params": ""}}
+
+
+def check_topology_options(cfg) -> None:
+    """A topology's options (``--inner``, ``--node-size``, ``--cost-params``) are given
+    only with it, and name a variant that can be built."""
     import topologies
 
-    if cfg.topology != "hierarchical":
-        for name, default in (("inner", "ring"), ("node_size", 0)):
-            if getattr(cfg, name) != default:
+    for topology, options in TOPOLOGY_OPTIONS.items():
+        for name, default in options.items():
+            if cfg.topology != topology and getattr(cfg, name) != default:
                 raise ConfigError(f"{name}={getattr(cfg, name)!r} applies to topology "
-                                  f"hierarchical only; topology={cfg.topology!r}")
-        return
-    choice("inner", cfg.inner, [n for n in topologies.names() if n != "hierarchical"])
-    at_least("node_size", cfg.node_size, 0)
+                                  f"{topology} only; topology={cfg.topology!r}")
+    if cfg.topology == "hierarchical":
+        choice("inner", cfg.inner, [n for n in topologies.names() if n != "hierarchical"])
+        at_least("node_size", cfg.node_size, 0)
+    try:
+        topologies.get(cfg.topology_spec)
+    except topologies.TopologyError as err:
+        raise ConfigError(str(err)) from None
 
 
 #: design options checked elsewhere, with their own messages: PPO's (check_learner) and

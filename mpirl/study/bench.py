@@ -176,6 +176,11 @@ def variants_asked(args):
     """The topology classes, MPICH's tuning interface (None without --mpich) and, per
     op, the MPICH algorithms to force; raises naming an unknown one."""
     classes = {name: topologies.get(name) for name in args.topologies}
+    room = BENCH_DTYPE["topology"].itemsize
+    for name in classes:
+        if len(name.encode()) > room:
+            raise ValueError(f"topology {name!r} is {len(name.encode())} bytes; allowed: "
+                             f"at most {room} (the results file's label; a shorter path?)")
     tuning = MpichTuning() if args.mpich != [] else None
     mpich = {op: (MPICH_DEFAULT[op] if args.mpich is None else args.mpich)
              if tuning else [] for op in args.op}
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         args.sizes = [s for s in args.sizes if s <= args.max_size]
     try:
         classes, tuning, mpich = variants_asked(args)
-    except (topologies.UnknownTopologyError, MpichError, ValueError) as err:
+    except (topologies.TopologyError, MpichError, ValueError) as err:
         if rank == 0:
             print(f"mpirl.bench: error: {err}", file=sys.stderr)
         return 2

@@ -42,71 +42,31 @@ import itertools
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-
-@dataclass
-class Params:
-    alpha: float     # s per message
-    beta: float      # s per byte moved
-    gamma: float     # s per byte reduced
-    delta: float     # extra s per message for a Python topology
-    rendezvous: float = 0.0     # extra s per message larger than eager_bytes (handshake)
-    eager_bytes: float = math.inf   # MPICH's eager/rendezvous switch, as fitted
-    burst_bytes: float = 0.0    # each link direction's token bucket (0: a plain link)
-    refill_bytes: float = 0.0   # tokens a link regains between calls, 0..burst_bytes
-    duplex_links: bool = False  # ranks on a network: a link sends and receives at once
-                                # (False: shared memory, copies by the ranks' CPUs)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-class Terms(NamedTuple):
-    """An exchange's cost terms, as the model uses them."""
-    messages: float
-    bytes_moved: float
-    bytes_reduced: float
-    python: bool         # sent from Python: delta applies
-    link_phases: int
-
-
-def link_bytes(bytes_moved: float, phases: int, burst: float, refill: float) -> float:
-    """Of ``bytes_moved`` crossing a token-bucket link in ``phases`` equal phases, the
-    bytes its rate must carry: each phase's first ``burst`` bytes leave at once (the
-    direction it uses was idle), and one direction carries ``bytes_moved / phases`` per
-    call of which only ``refill`` came back between calls.  ``burst = 0``: all of them."""
-    if burst <= 0:
-        return bytes_moved
-    per_phase = bytes_moved / phases
-    return max(phases * max(0.0, per_phase - burst), per_phase - refill)
+#: the prediction's math lives beside the cost terms; imported here for the fit and its
+#: callers (``load_params`` among them)
+from topologies.model import (Params, Terms, link_bytes, load_params,  # noqa: F401
+                             mpi_seconds, seconds, terms)
 
 
 def coefficients(op: str, exchange: str, p: int, n: float) -> Terms:
-    """The :class:`Terms` of ``exchange`` (a registry name, or ``native:ALGORITHM``):
-    its messages, bytes moved and bytes reduced, whether delta applies and its link
-    phases.  KeyError when there is no model of it."""
+    """The :class:`Terms` of ``exchange`` (a topology spec, or ``native:ALGORITHM``).
+    KeyError when there is no model of it."""
     import topologies
     from topologies.native import Native
 
     name, _, algorithm = exchange.partition(":")
-    if algorithm:
-        if name != "native":
-            raise KeyError(f"no cost model for {op} {exchange}")
-        cls, cost = Native, Native.cost(op, p, n, algorithm)
-    else:
-        try:
-            cls = topologies.get(name)
-        except topologies.UnknownTopologyError:
-            raise KeyError(f"no cost model for {op} {exchange}") from None
-        cost = cls.cost(op, p, n)
-    return Terms(cost.messages, cost.bytes_moved, cost.bytes_reduced,
-                 cls.from_python and p > 1, cost.link_phases)
+    if name == "native" and algorithm:
+        return terms(op, Native, p, n, algorithm)
+    try:
+        cls = topologies.get(exchange)
+    except topologies.TopologyError:
+        raise KeyError(f"no cost model for {op} {exchange}") from None
+    return terms(op, cls, p, n)
 
 
 def mpich_algorithms(op: str) -> tuple[str, ...]:
@@ -117,14 +77,11 @@ def mpich_algorithms(op: str) -> tuple[str, ...]:
 
 
 def predict(params: Params, op: str, exchange: str, p: int, n: float) -> float:
-    """Seconds for one ``op`` of ``n`` bytes over ``p`` ranks."""
+    """Seconds for one ``op`` of ``n`` bytes over ``p`` ranks (``native``: the cheapest
+    of MPICH's algorithms)."""
     if exchange == "native":
-        return min(predict(params, op, f"native:{a}", p, n) for a in mpich_algorithms(op))
-    a, b, c, python, phases = coefficients(op, exchange, p, n)
-    large = a if a and b / a > params.eager_bytes else 0.0
-    moved = link_bytes(b, phases, params.burst_bytes, params.refill_bytes)
-    return a * (params.alpha + (params.delta if python else 0.0)) + moved * params.beta \
-        + c * params.gamma + large * params.rendezvous
+        return mpi_seconds(params, op, p, n)
+    return seconds(params, coefficients(op, exchange, p, n))
 
 
 def _row(op: str, exchange: str, p: int, n: float, eager: float, burst: float = 0.0,
@@ -314,10 +271,6 @@ def describe(params: Params) -> str:
             f"({bandwidth:.2f} GiB/s), gamma {params.gamma * 1e9:.3f} ns/B, delta "
             f"{params.delta * 1e6:.2f} us/msg (Python), rendezvous "
             f"{params.rendezvous * 1e6:.2f} us/msg above {eager}{bucket}")
-
-
-def load_params(path: str | Path) -> Params:
-    return Params(**json.loads(Path(path).read_text()))
 
 
 if __name__ == "__main__":

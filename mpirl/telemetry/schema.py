@@ -175,7 +175,8 @@ def written(rows: np.ndarray) -> np.ndarray:
 #: over the timed calls, reduced over ranks (the best of the rounds by average).
 BENCH_DTYPE = np.dtype([
     ("op", "S16"),             # allreduce or bcast
-    ("topology", "S48"),       # registry name; "native:ALGO" for MPICH with a forced algorithm
+    ("topology", "S160"),      # a topology spec (hierarchical:ring:2, auto:PATH); native:ALGO
+                               # for MPICH with a forced algorithm (older files: S48)
     ("bytes", "i8"),           # message size
     ("iters", "i8"),           # timed calls per round
     ("min_s", "f8"),

@@ -64,6 +64,10 @@ def test_missing_file_is_reported(tmp_path):
     ({"topology": "ring", "inner": "tree"},
      "inner='tree' applies to topology hierarchical only"),
     ({"topology": "ring", "node_size": 2}, "node_size=2 applies to topology hierarchical only"),
+    ({"topology": "ring", "cost_params": "p.json"},
+     "cost_params='p.json' applies to topology auto only"),
+    ({"topology": "auto", "cost_params": "/nonexistent/params.json"},
+     "auto: cannot read cost-model parameters from '/nonexistent/params.json'"),
     ({"topology": "hierarchical", "on_failure": "shrink"},
      "on_failure='shrink' with topology='hierarchical'"),
 ])
@@ -84,6 +88,8 @@ def test_hierarchical_options_make_the_topology_spec():
     cfg = Config(topology="hierarchical", inner="butterfly", node_size=2)
     cfg.validate(world_size=4)
     assert cfg.topology_spec == "hierarchical:butterfly:2"
+    assert Config(topology="auto", cost_params="fit/params.json").topology_spec == \
+        "auto:fit/params.json"
 
 
 def test_server_modes_need_a_worker_and_the_star():

@@ -23,7 +23,8 @@ def test_sync_is_reproducible_and_topology_independent_at_two_ranks(tmp_path):
     byte-identical (run-to-run reproducibility of one topology:
     tests/resilience/test_resume.py compares two runs' final parameters)."""
     digests = {}
-    for topo in ["butterfly", "native", "ring", "tree", "star", "rabenseifner", "hierarchical"]:
+    for topo in ["butterfly", "native", "ring", "tree", "star", "rabenseifner", "hierarchical",
+                 "auto"]:
         name = f"{topo}-{len(digests)}"
         _, s = train(tmp_path, 2, "--topology", topo, "--total-steps", "1024", name=name)
         digests[name] = s["param_digest"]

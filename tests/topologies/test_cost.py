@@ -62,7 +62,8 @@ MPICH_AS = {"recursive_doubling": "butterfly", "ring": "ring", "tree": "tree",
             "binomial": "tree", "reduce_scatter_allgather": "reduce_scatter_allgather",
             "scatter_ring_allgather": "scatter_ring_allgather"}
 
-PYTHON_TOPOLOGIES = [name for name in topologies.REGISTRY if name != "native"]
+#: the topologies with a formula of their own (auto's is the one it picks: tested apart)
+PYTHON_TOPOLOGIES = [name for name in topologies.REGISTRY if name not in ("native", "auto")]
 
 
 def terms(cost: Cost):
@@ -109,7 +110,7 @@ def test_link_phases_are_two_where_the_root_receives_then_sends():
     out); every other exchange keeps its links busy throughout (one phase)."""
     for p in (2, 5, 8):
         for name, cls in topologies.REGISTRY.items():
-            if name == "native":
+            if name in ("native", "auto"):
                 continue
             want = 2 if name in ("star", "tree", "hierarchical") else 1
             assert cls.cost("allreduce", p, 64.0).link_phases == want, name
@@ -228,3 +229,37 @@ def test_hierarchical_cost_is_its_two_levels(inner):
                 levels = cls.levels("allreduce", m, per, n)
                 assert_terms(terms(levels[0]), node)
                 assert_terms(terms(levels[1]), link)
+
+
+def test_auto_costs_what_the_candidate_it_picks_costs_and_that_one_is_cheapest():
+    """For every op, rank count and size, auto's pick is the candidate with the least
+    predicted time under its parameters, and auto states that candidate's cost."""
+    from topologies.auto import CANDIDATES
+    from topologies.model import seconds, terms as model_terms
+
+    auto = topologies.get("auto")
+    for op in ("allreduce", "bcast"):
+        for p in range(2, 10):
+            for n in [*SIZES, 8192.0, float(1 << 20)]:
+                picked = auto.pick(op, p, n)
+                times = {c: seconds(auto.params, model_terms(op, c, p, n)) for c in CANDIDATES}
+                assert times[picked] == min(times.values())
+                assert terms(auto.cost(op, p, n)) == terms(picked.cost(op, p, n))
+    # the built-in fit (shared memory, 2 ranks): a butterfly for 1 KiB, ring or
+    # rabenseifner (the same bytes in fewer rounds) for 8 MiB
+    assert auto.pick("allreduce", 4, 1024.0).name == "butterfly"
+    assert auto.pick("allreduce", 4, 8.0 * 2**20).name == "rabenseifner"
+
+
+def test_auto_reads_fitted_parameters_and_refuses_a_bad_file(tmp_path):
+    good = tmp_path / "params.json"
+    good.write_text('{"alpha": 1e-3, "beta": 1e-12, "gamma": 0.0, "delta": 0.0}')
+    fitted = topologies.get(f"auto:{good}")
+    assert fitted.params.alpha == 1e-3 and fitted.source == str(good)
+    # a latency of 1 ms and a free wire: the fewest messages win at every size
+    assert fitted.pick("allreduce", 8, float(1 << 20)).name == "butterfly"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"alfa": 1}')
+    for path in (bad, tmp_path / "missing.json"):
+        with pytest.raises(topologies.TopologyError, match="cannot read cost-model"):
+            topologies.get(f"auto:{path}")
