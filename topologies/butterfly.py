@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from mpi4py import MPI
 
 from .base import Cost, Topology, fold as pof2_fold
 from .tree import Tree, binomial_bcast
@@ -70,28 +71,26 @@ def rank_of(newrank: int, size: int) -> int:
     return newrank * 2 + 1 if newrank < rem else newrank + rem
 
 
-def fold_in(topo: Topology, buf: np.ndarray, tag: int) -> int:
-    """MPICH's fold, before the rounds: among the first ``2*rem`` ranks each even one
-    sends its buffer to the odd one above, which adds it in.  Returns this rank's
-    newrank (-1: folded out, it waits in :func:`fold_out`)."""
-    rank, size = topo.rank, topo.size
-    newrank, pof2 = fold(rank, size)
-    if rank < 2 * (size - pof2):
+def fold_in(topo: Topology, buf: np.ndarray, tag: int, newrank: int, pof2: int) -> None:
+    """MPICH's fold, before the rounds (``newrank, pof2 = fold(rank, size)``, computed
+    once per topology): among the first ``2*rem`` ranks each even one sends its buffer
+    to the odd one above, which adds it in; a folded-out rank (newrank -1) then waits
+    in :func:`fold_out`."""
+    rank = topo.rank
+    if rank < 2 * (topo.size - pof2):
         if newrank < 0:
             topo._send(buf, rank + 1, tag)
         else:
             incoming = topo._scratch(buf.size, buf.dtype)
             topo._recv(incoming, rank - 1, tag)
             np.add(buf, incoming, out=buf)
-    return newrank
 
 
-def fold_out(topo: Topology, buf: np.ndarray, tag: int) -> None:
+def fold_out(topo: Topology, buf: np.ndarray, tag: int, newrank: int, pof2: int) -> None:
     """The fold undone after the rounds: each odd rank of the first ``2*rem`` sends the
     result to the even rank it absorbed."""
-    rank, size = topo.rank, topo.size
-    newrank, pof2 = fold(rank, size)
-    if rank < 2 * (size - pof2):
+    rank = topo.rank
+    if rank < 2 * (topo.size - pof2):
         if newrank < 0:
             topo._recv(buf, rank + 1, tag)
         else:
@@ -111,10 +110,14 @@ class Butterfly(Topology):
             return Cost(steps + 2 * extra, (steps + 2 * extra) * n, (steps + extra) * n)
         return Tree.cost(op, p, n)          # bcast: the binomial tree's
 
+    def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
+        super().__init__(comm, root=root)
+        self.newrank, self.pof2 = fold(self.rank, self.size)
+
     def _allreduce_sum(self, buf: np.ndarray) -> None:
-        newrank = fold_in(self, buf, _TAG_FOLD)
+        newrank, pof2 = self.newrank, self.pof2
+        fold_in(self, buf, _TAG_FOLD, newrank, pof2)
         if newrank >= 0:                         # the butterfly proper
-            pof2 = fold(self.rank, self.size)[1]
             incoming = self._scratch(buf.size, buf.dtype)
             mask = 1
             while mask < pof2:
@@ -122,7 +125,7 @@ class Butterfly(Topology):
                 self._sendrecv(buf, partner, incoming, partner, _TAG_ROUND)
                 np.add(buf, incoming, out=buf)
                 mask <<= 1
-        fold_out(self, buf, _TAG_UNFOLD)
+        fold_out(self, buf, _TAG_UNFOLD, newrank, pof2)
 
     def _bcast(self, buf: np.ndarray, root: int) -> None:
         binomial_bcast(self, buf, root, _TAG_BCAST)

@@ -99,6 +99,9 @@ class Hierarchical(Topology):
         self.node = node_groups(comm, self.node_size)
         self.leader = self.node.Get_rank() == 0
         self.leaders = comm.Split(0 if self.leader else MPI.UNDEFINED, self.rank)
+        self.per_node = self.node.Get_size()
+        #: the leaders' communicator has more than one rank: the link level runs
+        self.across = self.leader and self.leaders.Get_size() > 1
         #: per rank of ``comm``: its node's index among the leaders (one allgather, once)
         my_node = self.leaders.Get_rank() if self.leader else -1
         self.node_of = self.node.bcast(my_node, root=0)
@@ -108,17 +111,17 @@ class Hierarchical(Topology):
             self.inner_topology.stats = self.stats       # one set of counters for both levels
 
     def _node_reduce(self, buf: np.ndarray) -> None:
-        if self.node.Get_size() == 1:
+        if self.per_node == 1:
             return
         if self.leader:
             self.node.Reduce(MPI.IN_PLACE, _msg(buf), op=MPI.SUM, root=0)
-            self.stats.bytes_recv += buf.nbytes * (self.node.Get_size() - 1)
+            self.stats.bytes_recv += buf.nbytes * (self.per_node - 1)
         else:
             self.node.Reduce(_msg(buf), None, op=MPI.SUM, root=0)
             self._count_sent(buf)
 
     def _node_bcast(self, buf: np.ndarray, root: int) -> None:
-        if self.node.Get_size() == 1:
+        if self.per_node == 1:
             return
         self.node.Bcast(_msg(buf), root=root)
         if self.node.Get_rank() == root:
@@ -128,7 +131,7 @@ class Hierarchical(Topology):
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         self._node_reduce(buf)
-        if self.leader and self.leaders.Get_size() > 1:
+        if self.across:
             self.inner_topology._allreduce_sum(buf)
         self._node_bcast(buf, 0)
 
@@ -137,7 +140,7 @@ class Hierarchical(Topology):
         on_root_node = self.node_of == root_node
         if on_root_node:                 # the root's node first, from the root itself
             self._node_bcast(buf, self._node_rank_of(root))
-        if self.leader and self.leaders.Get_size() > 1:
+        if self.across:
             self.inner_topology._bcast(buf, root_node)
         if not on_root_node:
             self._node_bcast(buf, 0)

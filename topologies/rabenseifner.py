@@ -99,18 +99,19 @@ class Rabenseifner(Topology):
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
         super().__init__(comm, root=root)
+        self.newrank, self.pof2 = fold(self.rank, self.size)
         self._plans: dict[int, tuple[list[Step], list[Step]]] = {}
 
     def _plan(self, count: int) -> tuple[list[Step], list[Step]]:
         steps = self._plans.get(count)
         if steps is None:
-            newrank, pof2 = fold(self.rank, self.size)
-            steps = plan(newrank, pof2, self.size, count)
+            steps = plan(self.newrank, self.pof2, self.size, count)
             self._plans = {count: steps}     # the last length only: buffers repeat
         return steps
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
-        if fold_in(self, buf, _TAG_FOLD) >= 0:
+        fold_in(self, buf, _TAG_FOLD, self.newrank, self.pof2)
+        if self.newrank >= 0:
             halving, doubling = self._plan(buf.size)
             for partner, (s0, s1), (k0, k1) in halving:
                 incoming = self._scratch(k1 - k0, buf.dtype)
@@ -119,7 +120,7 @@ class Rabenseifner(Topology):
                 np.add(kept, incoming, out=kept)
             for partner, (s0, s1), (r0, r1) in doubling:
                 self._sendrecv(buf[s0:s1], partner, buf[r0:r1], partner, _TAG_DOUBLING)
-        fold_out(self, buf, _TAG_UNFOLD)
+        fold_out(self, buf, _TAG_UNFOLD, self.newrank, self.pof2)
 
     def _bcast(self, buf: np.ndarray, root: int) -> None:
         binomial_bcast(self, buf, root, _TAG_BCAST)
