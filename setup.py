@@ -43,6 +43,7 @@ setup(
         "gymnasium>=1.1",
         "PyYAML>=6.0",
         "pandas>=2.0",        # analysis: runs and sweeps as tidy tables
+        "ml_dtypes>=0.5",     # bfloat16 as a numpy dtype (topologies.cast)
     ],
     extras_require={
         # running analysis/notebooks/*.ipynb headless (the tests do; Jupyter users have it)

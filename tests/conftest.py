@@ -71,13 +71,14 @@ def run_sweep(definition: dict, out: Path, *args: str, timeout_s: float = 600):
                           timeout=timeout_s)
 
 
-def train(tmp_path: Path, nranks: int, *args: str, name: str = "r", timeout_s: float = 180):
-    """``mpirl.run`` with SMALL and ``args`` under mpiexec into tmp_path/name, which must
-    succeed; returns the ended job and the run's summary."""
+def train(tmp_path: Path, nranks: int, *args: str, name: str = "r", timeout_s: float = 180,
+          env: dict | None = None):
+    """``mpirl.run`` with SMALL and ``args`` under mpiexec into tmp_path/name (``env``:
+    variables to set), which must succeed; returns the ended job and the run's summary."""
     from mpirun import run_mpi
 
     result = run_mpi(nranks, ["-m", "mpirl.run", *SMALL, *args, "--run-dir", str(tmp_path),
-                              "--run-name", name], timeout_s=timeout_s)
+                              "--run-name", name], timeout_s=timeout_s, env=env)
     return result, json.loads((tmp_path / name / "summary.json").read_text())
 
 

@@ -9,7 +9,6 @@ import sys
 import pytest
 import yaml
 
-import topologies
 from conftest import SHORT, SMALL, train
 from mpirl.launch import mpiexec_path
 from mpirun import run_mpi
@@ -24,7 +23,9 @@ def read_progress(run_dir):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("name", topologies.names())
+# Two topologies: what is checked here (config, progress, counts) does not depend on the
+# exchange; every registered topology runs in mpirl.run in test_sync's 2-rank check.
+@pytest.mark.parametrize("name", ["native", "hierarchical"])
 def test_sync_run_writes_config_and_progress(tmp_path, name):
     result = run_mpi(3, ["-m", "mpirl.run", *TINY_RUN, "--topology", name,
                          "--run-dir", str(tmp_path), "--run-name", "r"], timeout_s=180)

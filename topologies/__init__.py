@@ -16,6 +16,7 @@ from __future__ import annotations
 from .auto import Auto
 from .base import BufferMismatchError, CommStats, Topology, TopologyError
 from .butterfly import Butterfly
+from .cast import Bf16, Fp16
 from .hierarchical import Hierarchical
 from .native import Native
 from .rabenseifner import Rabenseifner
@@ -34,12 +35,25 @@ REGISTRY: dict[str, type[Topology]] = {
     "auto": Auto,            # per call size, the candidate the fitted cost model picks
 }
 
+#: Compression wrappers: ``NAME:SPEC`` runs topology SPEC with the wrapper around its
+#: allreduce (as DDP's comm hooks and Horovod's Compression wrap an exchange); not
+#: topologies themselves, so not in :func:`names`.
+WRAPPERS: dict[str, type[Topology]] = {
+    "fp16": Fp16,            # gradients summed as float16, divided before the cast
+    "bf16": Bf16,            # gradients summed as bfloat16, divided before the cast
+}
+
 
 class UnknownTopologyError(TopologyError, KeyError):
     """A topology name that is not in the registry."""
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return self.args[0]
+
+
+def wrappers() -> list[str]:
+    """The compression wrappers' names (:data:`WRAPPERS`)."""
+    return list(WRAPPERS)
 
 
 def names() -> list[str]:
@@ -51,13 +65,15 @@ def get(name: str) -> type[Topology]:
     """The topology class registered as ``name``; unknown names list the valid ones.
 
     ``NAME:OPTIONS`` names a variant of a topology that takes options (its classmethod
-    ``variant``), e.g. ``hierarchical:butterfly:2``."""
+    ``variant``), e.g. ``hierarchical:butterfly:2``; ``WRAPPER:SPEC`` a topology inside a
+    compression wrapper, e.g. ``fp16:ring``."""
     base, _, options = name.partition(":") if isinstance(name, str) else (name, "", "")
     try:
-        cls = REGISTRY[base]
+        cls = REGISTRY[base] if base in REGISTRY else WRAPPERS[base]
     except (KeyError, TypeError):
         raise UnknownTopologyError(
-            f"unknown topology {name!r}; valid names: {', '.join(REGISTRY)}") from None
+            f"unknown topology {name!r}; valid names: {', '.join(REGISTRY)} (and the "
+            f"wrappers {', '.join(w + ':NAME' for w in WRAPPERS)})") from None
     if not options:
         return cls
     if not hasattr(cls, "variant"):
@@ -65,5 +81,5 @@ def get(name: str) -> type[Topology]:
     return cls.variant(options, get)
 
 
-__all__ = ["REGISTRY", "BufferMismatchError", "CommStats", "Topology", "TopologyError",
-           "UnknownTopologyError", "get", "names"]
+__all__ = ["REGISTRY", "WRAPPERS", "BufferMismatchError", "CommStats", "Topology", "TopologyError",
+           "UnknownTopologyError", "get", "names", "wrappers"]

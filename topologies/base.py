@@ -1,7 +1,8 @@
 """The one interface every topology implements, and the checks they share.
 
 A topology moves bytes and nothing else: it knows no RL, no torch, no model.  It works
-in place on one flat, C-contiguous numpy buffer (float32 or float64) with mpi4py's
+in place on one flat, C-contiguous numpy buffer (float32 or float64; float16 and
+bfloat16 for the compressed exchanges of :mod:`topologies.cast`) with mpi4py's
 buffer (upper-case) methods, so no call pickles and no call sends one message per
 tensor.  The communicator is passed in at construction; there are no hidden globals.
 
@@ -32,11 +33,37 @@ import abc
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
+from .persistent import Schedules
+
+#: half precision: IEEE float16 and bfloat16 (the ``ml_dtypes`` numpy dtype), for the
+#: compressed exchanges of :mod:`topologies.cast`
+FLOAT16, BFLOAT16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
+#: MPI has no standard half type: two bytes, as a derived type so that MPI's own
+#: ``MPI.SUM`` refuses it (MPI_ERR_OP) instead of adding integers; see :func:`sum_op`
+HALF = MPI.BYTE.Create_contiguous(2).Commit()
 #: dtypes a buffer may have, with the MPI datatype each maps to.
-MPI_DTYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
+MPI_DTYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
+              FLOAT16: HALF, BFLOAT16: HALF}
+_HALF_SUMS: dict[np.dtype, MPI.Op] = {}
+
+
+def sum_op(dtype: np.dtype) -> MPI.Op:
+    """The MPI op that sums buffers of ``dtype`` in MPI's own collectives: ``MPI.SUM``,
+    or for a half dtype a user op that adds with numpy (created once, on first use)."""
+    if dtype not in (FLOAT16, BFLOAT16):
+        return MPI.SUM
+    op = _HALF_SUMS.get(dtype)
+    if op is None:
+        def add(inbuf, inoutbuf, datatype, dtype=dtype) -> None:
+            out = np.frombuffer(inoutbuf, dtype)
+            np.add(out, np.frombuffer(inbuf, dtype), out=out)
+
+        op = _HALF_SUMS[dtype] = MPI.Op.Create(add, commute=True)
+    return op
 
 
 class TopologyError(ValueError):
@@ -129,10 +156,12 @@ def check_buffer(buf, what: str = "buffer") -> np.ndarray:
     """Return ``buf`` as a flat view, or raise TopologyError saying what is allowed."""
     if not isinstance(buf, np.ndarray):
         raise TopologyError(
-            f"{what} must be a numpy.ndarray of float32 or float64, got {type(buf).__name__}")
+            f"{what} must be a numpy.ndarray of float32 or float64 (or float16, bfloat16), "
+            f"got {type(buf).__name__}")
     if buf.dtype not in MPI_DTYPES:
         raise TopologyError(
-            f"{what} has dtype {buf.dtype}; allowed dtypes: float32, float64")
+            f"{what} has dtype {buf.dtype}; allowed dtypes: float32, float64 (and the half "
+            "precisions float16, bfloat16 that topologies.cast sends)")
     if not buf.flags.c_contiguous:
         raise TopologyError(
             f"{what} is not C-contiguous (a strided view?); pass one flat contiguous "
@@ -159,6 +188,10 @@ class Topology(abc.ABC):
     #: True when the topology sends its messages from Python (mpirl's own), so that each
     #: pays the per-message overhead ``delta`` of the cost model; False for MPI's own.
     from_python: bool = True
+    #: the ops (``allreduce``, ``bcast``) whose small calls are planned once per buffer and
+    #: replayed as persistent requests (:mod:`topologies.persistent`): those that message
+    #: only through ``_send``/``_recv``/``_sendrecv`` and add only through ``_add``.
+    persistent: tuple[str, ...] = ()
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, root: int = 0) -> None:
         if comm == MPI.COMM_NULL:
@@ -170,6 +203,9 @@ class Topology(abc.ABC):
         self.stats = CommStats()
         self._scratch_by_dtype: dict[np.dtype, np.ndarray] = {}
         self._status = MPI.Status()        # reused by every receive: no allocation per call
+        self._schedules = Schedules(self)
+        self._divisors: dict[np.dtype, np.generic] = {}
+        self._recording = None             # the Schedule being recorded, if any
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size}, root={self.root})"
@@ -180,9 +216,17 @@ class Topology(abc.ABC):
         flat = check_buffer(buf)
         self.stats.calls += 1
         if self.size > 1:
-            self._allreduce_sum(flat)
+            if "allreduce" in self.persistent:
+                self._schedules.call("allreduce", buf, flat, -1, lambda: self._allreduce_sum(flat))
+            else:
+                self._allreduce_sum(flat)
         if average and self.size > 1:
-            np.divide(flat, self.size, out=flat)
+            # by the rank count as a scalar of the buffer's dtype: the same bits as
+            # dividing by the int, without numpy resolving a Python scalar every call
+            divisor = self._divisors.get(flat.dtype)
+            if divisor is None:
+                divisor = self._divisors[flat.dtype] = flat.dtype.type(self.size)
+            np.divide(flat, divisor, out=flat)
         return buf
 
     def bcast(self, buf: np.ndarray, *, root: int | None = None) -> np.ndarray:
@@ -191,7 +235,10 @@ class Topology(abc.ABC):
         root = self.root if root is None else self._check_root(root)
         self.stats.calls += 1
         if self.size > 1:
-            self._bcast(flat, root)
+            if "bcast" in self.persistent:
+                self._schedules.call("bcast", buf, flat, root, lambda: self._bcast(flat, root))
+            else:
+                self._bcast(flat, root)
         return buf
 
     @classmethod
@@ -239,10 +286,16 @@ class Topology(abc.ABC):
         return scratch[:count]
 
     def _send(self, buf: np.ndarray, dest: int, tag: int) -> None:
+        if self._recording is not None:
+            self._recording.message([(buf, dest)], [], tag, MPI_DTYPES[buf.dtype])
+            return
         self.comm.Send(_msg(buf), dest=dest, tag=tag)
         self._count_sent(buf)
 
     def _recv(self, buf: np.ndarray, source: int, tag: int) -> None:
+        if self._recording is not None:
+            self._recording.message([], [(buf, source)], tag, MPI_DTYPES[buf.dtype])
+            return
         status = self._status
         try:
             self.comm.Recv(_msg(buf), source=source, tag=tag, status=status)
@@ -252,6 +305,10 @@ class Topology(abc.ABC):
 
     def _sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
                   tag: int) -> None:
+        if self._recording is not None:
+            self._recording.message([(sendbuf, dest)], [(recvbuf, source)], tag,
+                                    MPI_DTYPES[sendbuf.dtype])
+            return
         status = self._status
         try:
             self.comm.Sendrecv(_msg(sendbuf), dest, tag, _msg(recvbuf), source, tag,
@@ -260,6 +317,13 @@ class Topology(abc.ABC):
             self._raise_mismatch(err, recvbuf, source)
         self._count_sent(sendbuf)
         self._check_count(status, recvbuf, source)
+
+    def _add(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """``dst += src`` in place (recorded, not done, while a schedule is recorded)."""
+        if self._recording is not None:
+            self._recording.add(dst, src)
+        else:
+            np.add(dst, src, out=dst)
 
     def _count_sent(self, buf: np.ndarray) -> None:
         self.stats.messages_sent += 1

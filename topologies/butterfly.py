@@ -83,7 +83,7 @@ def fold_in(topo: Topology, buf: np.ndarray, tag: int, newrank: int, pof2: int) 
         else:
             incoming = topo._scratch(buf.size, buf.dtype)
             topo._recv(incoming, rank - 1, tag)
-            np.add(buf, incoming, out=buf)
+            topo._add(buf, incoming)
 
 
 def fold_out(topo: Topology, buf: np.ndarray, tag: int, newrank: int, pof2: int) -> None:
@@ -101,6 +101,7 @@ class Butterfly(Topology):
     """Recursive doubling (butterfly) allreduce with MPICH's non-power-of-two fold."""
 
     name = "butterfly"
+    persistent = ("allreduce", "bcast")
 
     @classmethod
     def _cost(cls, op: str, p: int, n: float) -> Cost:
@@ -123,7 +124,7 @@ class Butterfly(Topology):
             while mask < pof2:
                 partner = rank_of(newrank ^ mask, self.size)
                 self._sendrecv(buf, partner, incoming, partner, _TAG_ROUND)
-                np.add(buf, incoming, out=buf)
+                self._add(buf, incoming)
                 mask <<= 1
         fold_out(self, buf, _TAG_UNFOLD, newrank, pof2)
 

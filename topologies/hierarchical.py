@@ -44,7 +44,7 @@ from typing import Callable, ClassVar
 import numpy as np
 from mpi4py import MPI
 
-from .base import Cost, Topology, TopologyError, _msg
+from .base import Cost, Topology, TopologyError, _msg, sum_op
 from .ring import Ring
 from .tree import Tree
 
@@ -114,10 +114,10 @@ class Hierarchical(Topology):
         if self.per_node == 1:
             return
         if self.leader:
-            self.node.Reduce(MPI.IN_PLACE, _msg(buf), op=MPI.SUM, root=0)
+            self.node.Reduce(MPI.IN_PLACE, _msg(buf), op=sum_op(buf.dtype), root=0)
             self.stats.bytes_recv += buf.nbytes * (self.per_node - 1)
         else:
-            self.node.Reduce(_msg(buf), None, op=MPI.SUM, root=0)
+            self.node.Reduce(_msg(buf), None, op=sum_op(buf.dtype), root=0)
             self._count_sent(buf)
 
     def _node_bcast(self, buf: np.ndarray, root: int) -> None:

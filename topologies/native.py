@@ -21,7 +21,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import NO_COST, Cost, Topology, _msg, fold, no_model
+from .base import NO_COST, Cost, Topology, _msg, fold, no_model, sum_op
 from .butterfly import Butterfly
 from .rabenseifner import Rabenseifner
 from .ring import Ring
@@ -64,7 +64,7 @@ class Native(Topology):
         return cls.cost(op, p, n)           # without an algorithm: the error naming them
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
-        self.comm.Allreduce(MPI.IN_PLACE, _msg(buf), op=MPI.SUM)
+        self.comm.Allreduce(MPI.IN_PLACE, _msg(buf), op=sum_op(buf.dtype))
         # What the library sends is its own business; count one logical message.
         self._count_sent(buf)
         self.stats.bytes_recv += buf.nbytes

@@ -87,6 +87,7 @@ class Rabenseifner(Topology):
     """Recursive-halving reduce-scatter + recursive-doubling allgather, MPICH's fold."""
 
     name = "rabenseifner"
+    persistent = ("allreduce", "bcast")
 
     @classmethod
     def _cost(cls, op: str, p: int, n: float) -> Cost:
@@ -117,7 +118,7 @@ class Rabenseifner(Topology):
                 incoming = self._scratch(k1 - k0, buf.dtype)
                 self._sendrecv(buf[s0:s1], partner, incoming, partner, _TAG_HALVING)
                 kept = buf[k0:k1]
-                np.add(kept, incoming, out=kept)
+                self._add(kept, incoming)
             for partner, (s0, s1), (r0, r1) in doubling:
                 self._sendrecv(buf[s0:s1], partner, buf[r0:r1], partner, _TAG_DOUBLING)
         fold_out(self, buf, _TAG_UNFOLD, self.newrank, self.pof2)

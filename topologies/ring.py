@@ -53,6 +53,7 @@ class Ring(Topology):
     """Ring reduce-scatter + allgather; pipelined chain broadcast."""
 
     name = "ring"
+    persistent = ("allreduce",)    # bcast: a pipelined chain (Irecv)
 
     @classmethod
     def _cost(cls, op: str, p: int, n: float) -> Cost:
@@ -94,7 +95,7 @@ class Ring(Topology):
             target = buf[r0:r1]
             incoming = self._scratch(r1 - r0, buf.dtype)
             self._sendrecv(buf[s0:s1], right, incoming, left, _TAG_REDUCE_SCATTER)
-            np.add(target, incoming, out=target)
+            self._add(target, incoming)
         for (s0, s1), (r0, r1) in allgather:
             self._sendrecv(buf[s0:s1], right, buf[r0:r1], left, _TAG_ALLGATHER)
 

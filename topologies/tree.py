@@ -55,6 +55,7 @@ class Tree(Topology):
     """Binomial reduce to ``root`` followed by binomial broadcast from it."""
 
     name = "tree"
+    persistent = ("allreduce", "bcast")
 
     @classmethod
     def _cost(cls, op: str, p: int, n: float) -> Cost:
@@ -75,7 +76,7 @@ class Tree(Topology):
             child = vrank | mask
             if child < size:
                 self._recv(incoming, (child + root) % size, _TAG_REDUCE)
-                np.add(buf, incoming, out=buf)
+                self._add(buf, incoming)
             mask <<= 1
         binomial_bcast(self, buf, root, _TAG_REDUCE + 100)
 

@@ -64,13 +64,15 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
     @property
     def topology_spec(self) -> str:
         """What ``topologies.get`` builds: the name, with its options
-        (``hierarchical:INNER[:NODE_SIZE]``, ``auto:PARAMS.json``)."""
+        (``hierarchical:INNER[:NODE_SIZE]``, ``auto:PARAMS.json``), inside its compression
+        wrapper (``fp16:SPEC``) when ``compress`` is not none."""
+        spec = self.topology
         if self.topology == "hierarchical":
-            return f"hierarchical:{self.inner}" + (f":{self.node_size}" if self.node_size
+            spec = f"hierarchical:{self.inner}" + (f":{self.node_size}" if self.node_size
                                                    else "")
-        if self.topology == "auto" and self.cost_params:
-            return f"auto:{self.cost_params}"
-        return self.topology
+        elif self.topology == "auto" and self.cost_params:
+            spec = f"auto:{self.cost_params}"
+        return spec if self.compress == "none" else f"{self.compress}:{spec}"
 
     def default_run_name(self, world_size: int) -> str:
         """A run's directory name when ``run_name`` is empty: the design (with its
@@ -78,6 +80,8 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         import time
 
         design = f"{self.topology}-{self.mode}" if self.uses_topology else self.mode
+        if self.compress != "none":
+            design = f"{self.compress}-{design}"
         return f"{design}-{world_size}r-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def take_design_defaults(self, given: set[str]) -> None:

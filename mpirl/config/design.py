@@ -26,6 +26,10 @@ class DesignFields:
     cost_params: str = doc("topology auto: the params.json of python -m mpirl.costmodel "
                            "-o DIR (this machine's or cluster's fit); empty = the built-in "
                            "shared-memory fit", default="")
+    compress: str = doc("gradient compression around the topology's allreduce: none, "
+                        "fp16 or bf16 (summed in half precision, divided by the rank count "
+                        "before the cast, as DDP's fp16 hook; parameters are sent exactly)",
+                        default="none")
     mode: str = doc(
         "training design: " + ", ".join(registry.DESIGNS) + " (each described above; "
         "docs/modes.md)", default="sync")
@@ -80,6 +84,15 @@ def check_topology_options(cfg) -> None:
     if cfg.topology == "hierarchical":
         choice("inner", cfg.inner, [n for n in topologies.names() if n != "hierarchical"])
         at_least("node_size", cfg.node_size, 0)
+    choice("compress", cfg.compress, ["none", *topologies.wrappers()])
+    use = registry.design(cfg.mode).topology_use
+    if cfg.compress != "none" and not (use in ("allreduce", "learners") and cfg.uses_topology):
+        takers = [d.name + (" with --learners > 1" if d.topology_use == "learners" else "")
+                  for d in registry.DESIGNS.values() if d.topology_use in ("allreduce",
+                                                                           "learners")]
+        raise ConfigError(f"compress={cfg.compress!r} compresses a topology's allreduce, and "
+                          f"this run has none (mode={cfg.mode!r}); allowed with mode "
+                          f"{', '.join(takers)} (every other run: compress none)")
     try:
         topologies.get(cfg.topology_spec)
     except topologies.TopologyError as err:

@@ -153,8 +153,8 @@ def print_osu(op: str, best: dict, labels: list[str], args, comm) -> None:
     same = SAME_ALGORITHM[op]
     print(f"# {op} summary: average latency (us); x = ratio to native (MPICH's own choice); "
           f"= = ratio to MPICH forced to the same algorithm")
-    homemade = [label for label in labels if ":" not in label and label != "native"]
-    forced = [label for label in labels if ":" in label]
+    forced = [label for label in labels if label.startswith("native:")]
+    homemade = [label for label in labels if label != "native" and label not in forced]
     cols = ["native", *homemade, *forced]
     print(f"{'size':>10} " + " ".join(f"{c:>24}" for c in cols))
     for nbytes in args.sizes:
@@ -163,7 +163,8 @@ def print_osu(op: str, best: dict, labels: list[str], args, comm) -> None:
         for c in cols:
             value = best[c, nbytes][1]
             text = f"{value * 1e6:9.1f} x{value / auto:5.2f}"
-            ref = best.get((f"native:{same[c]}", nbytes)) if c in same else None
+            name = c.removesuffix("/blocking")
+            ref = best.get((f"native:{same[name]}", nbytes)) if name in same else None
             text += f" ={value / ref[1]:5.2f}" if ref and not math.isnan(ref[1]) else "       "
             cells.append(f"{text:>24}")
         print(f"{human(nbytes):>10} " + " ".join(cells))
@@ -192,6 +193,19 @@ def variants_asked(args):
     return classes, tuning, mpich
 
 
+def instantiate(classes: dict, comm: MPI.Comm, blocking: bool) -> dict:
+    """label -> topology on ``comm``: native first, then those asked, then (``blocking``)
+    each one with a small-message path again with that path off, as NAME/blocking."""
+    classes = {"native": topologies.get("native"), **classes}
+    instances = {name: cls(comm) for name, cls in classes.items()}
+    if blocking:
+        for name, cls in classes.items():
+            if cls.persistent:
+                instances[f"{name}/blocking"] = plain = cls(comm)
+                plain.persistent = ()        # every call the topology's own blocking one
+    return instances
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpirl.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -209,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: those the topologies implement, plus "
                              "reduce_scatter_allgather / scatter_ring_allgather; give none "
                              "to skip; only with MPICH)")
+    parser.add_argument("--blocking", action="store_true",
+                        help="also time every topology with a small-message path with that "
+                             "path off (label NAME/blocking): what the persistent requests "
+                             "of topologies.persistent buy, side by side in one run")
     parser.add_argument("--iters", type=int, default=1000,
                         help="timed iterations for small messages (fewer for large)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -227,9 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"mpirl.bench: error: {err}", file=sys.stderr)
         return 2
-    if "native" not in classes:
-        classes = {"native": topologies.get("native"), **classes}
-    instances = {name: cls(comm) for name, cls in classes.items()}
+    instances = instantiate(classes, comm, args.blocking)
     comm.Set_errhandler(MPI.ERRORS_RETURN)      # a refused forced algorithm raises, not aborts
 
     started = time.perf_counter()

@@ -52,3 +52,19 @@ def test_bench_rejects_an_unknown_topology_or_algorithm():
     result = run_mpi(2, ["-m", "mpirl.bench", "--op", "bcast", "--mpich", "ring"],
                      timeout_s=60, check=False)
     assert result.returncode == 2 and "MPICH has no bcast algorithm ring" in result.output
+
+
+def test_bench_times_the_blocking_path_beside_the_small_message_path(tmp_path):
+    result = run_mpi(2, ["-m", "mpirl.bench", "--sizes", "1K", "--rounds", "1", "--iters", "20",
+                         "--op", "allreduce", "--topologies", "butterfly", "ring", "star",
+                         "--blocking", "--out", str(tmp_path / "b.h5")], timeout_s=120)
+    text = result.output
+    for label in ("butterfly/blocking", "ring/blocking"):
+        assert f"# mpirl.bench allreduce: {label}, 2 ranks" in text
+    assert "star/blocking" not in text           # star has no small-message path
+    row = next(line for line in text.split("# allreduce summary")[1].splitlines()
+               if line.strip().startswith("1 KiB"))
+    assert row.count("=") == 4                   # each beside MPICH's same algorithm
+    with h5py.File(tmp_path / "b.h5") as f:
+        labels = set(f["results"]["topology"])
+    assert {b"butterfly/blocking", b"ring/blocking"} <= labels

@@ -1,0 +1,206 @@
+"""Compression wrappers (fp16, bf16) measured: bytes on the links, time at 100 Mbit/s and
+1 Gbit/s, and their effect on learning.
+
+    python experiments/bench_compress.py             # ~15 min on 2 cores, as root
+
+1. **On the emulated cluster** (4 nodes x 1 rank, its own cluster ``mpirlcomp``, taken
+   down at the end, also on error), at each cap:
+   - ``mpirl.bench``: ring and butterfly plain, in fp16 and in bf16, 64 KiB to 4 MiB,
+     side by side within each size (best of ``--rounds``);
+   - a link probe per exchange: 4 MiB allreduces, with the bytes through every node's
+     link read before and after.
+2. **Learning** (this machine, shared memory): sync A2C on CartPole at 2 ranks, seeds
+   1-3, with ``--compress none|fp16|bf16``, the same budget: final mean return, the
+   curves (``learning.png``), and whether any run's parameters match the uncompressed
+   run's.
+
+Writes ``results.md``, ``learning.png`` and the raw files under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NAME = "mpirlcomp"
+SUBNET = "10.231.97.0/24"
+NODES = 4
+RATES = ["1gbit", "100mbit"]
+SIZES = ["64K", "1M", "4M"]
+SPECS = ["ring", "fp16:ring", "bf16:ring", "butterfly", "fp16:butterfly", "bf16:butterfly"]
+PROBE_BYTES = 4 << 20
+COMPRESS = ["none", "fp16", "bf16"]
+SEEDS = [1, 2, 3]
+
+
+def probe(spec: str, calls: int) -> None:
+    """Under MPI: ``calls`` allreduces of 4 MiB with ``spec`` after one warm-up; rank 0
+    prints the median seconds per call as JSON."""
+    from mpirl.launch import apply_mpi_defaults
+
+    apply_mpi_defaults()
+    import numpy as np
+    from mpi4py import MPI
+
+    import topologies
+
+    comm = MPI.COMM_WORLD
+    topo = topologies.get(spec)(comm)
+    buf = np.ones(PROBE_BYTES // 4, dtype=np.float32)
+    topo.allreduce(buf, average=True)
+    times = []
+    for _ in range(calls):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        topo.allreduce(buf, average=True)
+        times.append(MPI.Wtime() - t0)
+    if comm.Get_rank() == 0:
+        print(json.dumps({"median_s": float(np.median(times))}))
+
+
+def on_cluster(out: Path, rounds: int, calls: int) -> list[str]:
+    from mpirl.cluster import lifecycle, net
+    from mpirl.cluster.launch import mpiexec_argv, run as run_on
+    from mpirl.telemetry.read import load_bench
+
+    lines = ["## On the emulated cluster: 4 nodes x 1 rank", "",
+             f"`mpirl.bench` allreduce, ms, best of {rounds} rounds, side by side within each "
+             "size; in brackets the time over the same topology uncompressed. Link: MiB "
+             f"sent by node 0 per 4 MiB allreduce (median of {calls} calls).", ""]
+    lifecycle.down(NAME)
+    spec = lifecycle.up(NAME, NODES, "off", SUBNET)
+    try:
+        for rate in RATES:
+            net.set_rate(spec, rate)
+            bench = out / f"bench-{rate}.h5"
+            code = run_on(spec, NODES, 1, ["python", "-m", "mpirl.bench", "--op", "allreduce",
+                                          "--sizes", *SIZES, "--topologies", *SPECS,
+                                          "--mpich", "--iters", "50", "--rounds",
+                                          str(rounds), "--out", str(bench)], timeout_s=1800)
+            if code != 0:
+                raise SystemExit(f"bench_compress: mpirl.bench exited {code} at {rate}")
+            t = load_bench(bench).pivot_table(index="bytes", columns="topology",
+                                              values="avg_s") * 1e3
+            lines += [f"### {rate}", "", "| exchange | " + " | ".join(
+                f"{int(s) >> 10} KiB" for s in t.index) + " | node 0 sent per 4 MiB | "
+                "4 MiB probe |", "|---|" + "---|" * (len(t.index) + 2)]
+            for topology in SPECS:
+                before = net.link_bytes(spec)
+                argv, env = mpiexec_argv(spec, NODES, 1, ["python", __file__, "--probe",
+                                                          topology, "--calls", str(calls)])
+                done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                                      timeout=900)
+                after = net.link_bytes(spec)
+                if done.returncode != 0:
+                    raise SystemExit(f"bench_compress: probe {topology} failed:\n"
+                                     + done.stderr[-2000:])
+                median = json.loads(done.stdout.strip().splitlines()[-1])["median_s"]
+                sent = (after["node0"]["sent"] - before["node0"]["sent"]) / (calls + 1)
+                plain = topology.split(":")[-1]
+                cells = [f"{t.loc[s, topology]:.3f} ({t.loc[s, topology] / t.loc[s, plain]:.2f})"
+                         for s in t.index]
+                lines.append(f"| {topology} | " + " | ".join(cells)
+                             + f" | {sent / 2**20:.2f} MiB | {median * 1e3:.1f} ms |")
+                print(lines[-1], flush=True)
+            lines.append("")
+    finally:
+        lifecycle.down(NAME)
+    return lines
+
+
+def learning(out: Path, steps: int) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from mpirl.launch import mpi_env, mpiexec_command
+    from mpirl.telemetry.read import load_run
+
+    runs = out / "runs"
+    finals: dict[str, list[float]] = {c: [] for c in COMPRESS}
+    digests: dict[tuple, str] = {}
+    walls: dict[str, list[float]] = {c: [] for c in COMPRESS}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    grid = np.linspace(0, steps, 60)
+    for compress in COMPRESS:
+        curves = []
+        for seed in SEEDS:
+            name = f"{compress}-{seed}"
+            shutil.rmtree(runs / name, ignore_errors=True)
+            argv = [sys.executable, "-m", "mpirl.run", "--mode", "sync", "--topology", "ring",
+                    "--compress", compress, "--env", "CartPole-v1", "--seed", str(seed),
+                    "--total-steps", str(steps), "--run-dir", str(runs), "--run-name", name]
+            done = subprocess.run(mpiexec_command(2, argv), cwd=ROOT, env=mpi_env(),
+                                  capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                raise SystemExit(f"bench_compress: {name} failed:\n" + done.stderr[-2000:])
+            run = load_run(runs / name)
+            finals[compress].append(float(run.summary["final_mean_return"]))
+            walls[compress].append(float(run.summary["wall_s"]))
+            digests[compress, seed] = run.summary["param_digest"]
+            e = run.episodes.sort_values("env_steps")
+            smooth = e["return"].rolling(50, min_periods=1).mean()
+            curves.append(np.interp(grid, e["env_steps"], smooth))
+            print(name, finals[compress][-1], flush=True)
+        mean = np.mean(curves, axis=0)
+        ax.plot(grid, mean, label=f"{compress} (3 seeds)")
+        ax.fill_between(grid, np.min(curves, axis=0), np.max(curves, axis=0), alpha=0.15)
+    ax.set_xlabel("env steps (both ranks)")
+    ax.set_ylabel("episode return (50-episode mean)")
+    ax.set_title("Sync A2C, CartPole-v1, 2 ranks, ring: gradients sent as ...")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "learning.png", dpi=110)
+    lines = ["## Learning: sync A2C on CartPole-v1, 2 ranks, ring", "",
+             f"{steps} env steps, seeds {', '.join(map(str, SEEDS))}; final mean return "
+             "(the last 20 episodes of every rank) per seed, and the mean; figure: "
+             "[learning.png](learning.png).", "",
+             "| gradients sent as | final mean return per seed | mean | wall s (mean) | "
+             "parameters equal to uncompressed |", "|---|---|---|---|---|"]
+    for compress in COMPRESS:
+        same = sum(digests[compress, s] == digests["none", s] for s in SEEDS)
+        lines.append(f"| {compress} | " + ", ".join(f"{v:.1f}" for v in finals[compress])
+                     + f" | {np.mean(finals[compress]):.1f} | {np.mean(walls[compress]):.1f} "
+                     f"| {same} of {len(SEEDS)} |")
+    return lines + [""]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="docs/figures/compress")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=100_000,
+                        help="env steps of each learning run")
+    parser.add_argument("--skip-cluster", action="store_true")
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        probe(args.probe, args.calls)
+        return 0
+    out = (ROOT / args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    text = ["# Compression wrappers (experiments/bench_compress.py)", ""]
+    if not args.skip_cluster:
+        text += on_cluster(out, args.rounds, args.calls)
+    text += learning(out, args.steps)
+    (out / "results.md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"done in {time.monotonic() - started:.0f} s: {out}/results.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Checks the small-message path (topologies.persistent); run under mpiexec by the tests.
+
+Usage: mpiexec -n N python tests/mpi/check_persistent.py
+
+Rank 0 prints ``OK CASE`` or ``FAIL CASE: why`` per case, for every topology that plans
+persistent requests; the exit status is 1 when anything failed.  The mismatch cases
+need 2 ranks and run only there: rank 0 replays a butterfly's schedule while rank 1
+answers with a raw message one element too long, then one too short.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mpirl.launch import apply_mpi_defaults
+
+apply_mpi_defaults()
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import topologies  # noqa: E402
+from topologies import butterfly, persistent  # noqa: E402
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+failed: list[str] = []
+
+
+def report(case: str, problems: list[str]) -> None:
+    problems = [p for ps in comm.allgather(problems) for p in ps]
+    if problems:
+        failed.append(case)
+    if rank == 0:
+        print(f"FAIL {case}: {'; '.join(problems)}" if problems else f"OK {case}", flush=True)
+
+
+def stats_delta(topo, call) -> tuple[int, int, int]:
+    before = (topo.stats.messages_sent, topo.stats.bytes_sent, topo.stats.bytes_recv)
+    call()
+    return tuple(now - was for now, was in zip(
+        (topo.stats.messages_sent, topo.stats.bytes_sent, topo.stats.bytes_recv), before,
+        strict=True))
+
+
+def check_replays(name: str) -> None:
+    """The third call on one array replays a schedule: same bytes and counters as plain."""
+    topo = topologies.get(name)(comm)
+    x = np.random.default_rng([5, rank]).standard_normal(1000).astype(np.float32)
+    y = x.copy()
+    plain_stats = stats_delta(topo, lambda: topo.allreduce(y))
+    plain = y.tobytes()
+    problems = []
+    for call in ("recorded", "replayed"):
+        y[:] = x
+        got = stats_delta(topo, lambda: topo.allreduce(y))
+        if y.tobytes() != plain:
+            problems.append(f"rank {rank}: the {call} call's bytes differ from the plain call's")
+        if got != plain_stats:
+            problems.append(f"rank {rank}: {call} counters {got} != plain {plain_stats}")
+    if len(topo._schedules.kept) != 1:
+        problems.append(f"rank {rank}: {len(topo._schedules.kept)} schedules kept, not 1")
+    report(f"{name} replays", problems)
+
+
+def check_what_is_planned(name: str) -> None:
+    """Fresh arrays and large ones are never planned; at most KEPT schedules are kept."""
+    topo = topologies.get(name)(comm)
+    problems = []
+    for _ in range(3):
+        topo.allreduce(np.ones(100, np.float32))
+    if topo._schedules.kept:
+        problems.append(f"rank {rank}: a fresh array per call was planned")
+    big = np.ones(persistent.MAX_BYTES // 4 + 1, np.float32)
+    for _ in range(3):
+        topo.allreduce(big)
+    if topo._schedules.kept:
+        problems.append(f"rank {rank}: an array over MAX_BYTES was planned")
+    arrays = [np.ones(10 + i, np.float32) for i in range(persistent.KEPT + 2)]
+    for a in arrays:
+        topo.allreduce(a)
+        topo.allreduce(a)
+    if len(topo._schedules.kept) != persistent.KEPT:
+        problems.append(f"rank {rank}: {len(topo._schedules.kept)} schedules kept, "
+                        f"not {persistent.KEPT}")
+    if any(not np.all(a == size ** 2) for a in arrays):
+        problems.append(f"rank {rank}: a twice-summed array is not size**2")
+    report(f"{name} plans only repeated small arrays", problems)
+
+
+def check_replay_sees_mismatch(extra: int) -> None:
+    """Rank 0 replays; rank 1 answers with ``1000 + extra`` elements on the round's tag."""
+    topo = butterfly.Butterfly(comm)
+    a = np.ones(1000, np.float32)
+    topo.allreduce(a)
+    topo.allreduce(a)                      # planned now, on both ranks
+    problems = []
+    if rank == 0:
+        try:
+            topo.allreduce(a)
+            problems.append("rank 0: the replay took a message of the wrong length")
+        except topologies.BufferMismatchError as err:
+            words = "longer than" if extra > 0 else f"received {1000 + extra}"
+            if words not in str(err):
+                problems.append(f"rank 0: {err}")
+        if topo._schedules.kept:
+            problems.append("rank 0: a schedule that failed was kept")
+    else:
+        theirs = np.empty(1000, np.float32)
+        comm.Sendrecv(np.ones(1000 + extra, np.float32), 0, butterfly._TAG_ROUND,
+                      theirs, 0, butterfly._TAG_ROUND)
+    report(f"a replay sees a message {abs(extra)} element "
+           f"{'too long' if extra > 0 else 'too short'}", problems)
+
+
+def main() -> None:
+    if size < 2:
+        sys.exit("check_persistent needs at least 2 ranks: one rank exchanges nothing")
+    for name in topologies.names():
+        if topologies.get(name).persistent:
+            check_replays(name)
+            check_what_is_planned(name)
+    if size == 2:
+        check_replay_sees_mismatch(+1)
+        check_replay_sees_mismatch(-1)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Cast: allreduce in half precision (float16 or bfloat16) over any other topology.
+
+The simplest gradient compression, as PyTorch DDP's ``fp16_compress_hook`` /
+``bf16_compress_hook`` and Horovod's ``Compression.fp16`` do it: a wrapper around an
+exchange, not an exchange of its own.  Each call
+
+1. divides the float32 (or float64) buffer by the rank count *before* the cast, as
+   DDP's hook does, when the caller asks for the average: the sum of p values of at
+   most ``max|g|`` then stays below ``max|g|``, so float16's 65504 overflows only where
+   one rank's own gradient already would;
+2. casts into a half-precision scratch buffer (one per length, kept) and allreduces that
+   with the inner topology, so every message carries half the bytes (a quarter of a
+   float64 buffer's), with the inner topology's own algorithm, checks and small-message
+   path; the additions happen in half precision, in the inner topology's order;
+3. casts the sum back into the caller's buffer.
+
+The inner topology leaves identical half-precision bytes on every rank, and the cast
+back is a function of them, so the replicas stay byte-identical.  ``bcast`` is not
+compressed: it sends the parameters, which must arrive exactly.
+
+* **fp16** (IEEE half): 10 mantissa bits, range 6e-8..65504; small gradients lose
+  precision or flush to zero (below 6e-8, the subnormal limit).
+* **bf16** (bfloat16, ``ml_dtypes``): 7 mantissa bits, float32's range; nothing
+  overflows or flushes, every value is rounded more coarsely.
+
+Spec: ``fp16[:INNER]`` / ``bf16[:INNER]``, INNER any other spec (default ring), e.g.
+``bf16:hierarchical:butterfly:2``; ``mpirl.run --compress fp16 --topology T`` composes
+it.  ``native`` as INNER sums with a user-defined MPI op (numpy's half addition), as MPI
+has no half-precision type of its own.
+
+Cost: the inner topology's for ``n/2`` bytes (the caller's buffer taken as float32),
+plus two casts, counted as ``n`` bytes reduced (they stream over the buffer as an add
+does).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, ClassVar
+
+import numpy as np
+from mpi4py import MPI
+
+from .base import BFLOAT16, FLOAT16, Cost, Topology, TopologyError, check_buffer
+from .ring import Ring
+
+DEFAULT_INNER = "ring"
+#: the buffers a cast compresses
+FULL = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class Cast(Topology):
+    """Allreduce of a half-precision copy through ``inner``; ``bcast`` unchanged."""
+
+    name = "cast"
+    #: the dtype sent (set by the registered subclasses)
+    half: ClassVar[np.dtype] = FLOAT16
+    inner: ClassVar[str] = DEFAULT_INNER
+    inner_cls: ClassVar[type[Topology]] = Ring
+
+    @classmethod
+    def variant(cls, options: str, lookup: Callable[[str], type[Topology]]) -> type[Cast]:
+        """The class for ``NAME:INNER`` (``options`` = INNER, itself a spec)."""
+        return _variant(cls, options or DEFAULT_INNER, lookup)
+
+    @classmethod
+    def _cost(cls, op: str, p: int, n: float) -> Cost:
+        if op == "bcast":
+            return cls.inner_cls.cost(op, p, n)
+        inner = cls.inner_cls.cost(op, p, n / 2)
+        return Cost(inner.messages, inner.bytes_moved, inner.bytes_reduced + n,
+                    inner.link_phases)
+
+    def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
+        super().__init__(comm, root=root)
+        self.inner_topology = self.inner_cls(comm, root=root)
+        self.inner_topology.stats = self.stats     # the bytes counted are the bytes sent
+        self._halves: dict[int, np.ndarray] = {}
+
+    def allreduce(self, buf: np.ndarray, *, average: bool = False) -> np.ndarray:
+        flat = check_buffer(buf)
+        if flat.dtype not in FULL:
+            raise TopologyError(f"{self.name} compresses float32 or float64 buffers; got "
+                                f"{flat.dtype} (pass the full-precision gradient)")
+        if self.size == 1:
+            self.stats.calls += 1
+        else:
+            self._cast_sum(flat, divide=average)    # the inner call counts the call
+        return buf
+
+    def _cast_sum(self, flat: np.ndarray, divide: bool) -> None:
+        half = self._half(flat.size)
+        if divide:          # DDP's fp16 hook: divide first, so the sum cannot overflow
+            np.divide(flat, self.size, out=half, casting="same_kind")
+        else:
+            np.copyto(half, flat, casting="same_kind")
+        self.inner_topology.allreduce(half)
+        np.copyto(flat, half, casting="same_kind")
+
+    def _half(self, count: int) -> np.ndarray:
+        """The half-precision buffer for ``count`` elements: the same array every call of
+        one length (the inner topology's small-message path plans it)."""
+        half = self._halves.get(count)
+        if half is None:
+            half = np.empty(count, self.half)
+            self._halves = {count: half}           # the last length only: buffers repeat
+        return half
+
+    def _allreduce_sum(self, buf: np.ndarray) -> None:
+        """The sum, cast (not divided): for a topology that runs this one inside it."""
+        self._cast_sum(buf, divide=False)
+
+    def _bcast(self, buf: np.ndarray, root: int) -> None:
+        self.inner_topology._bcast(buf, root)
+
+    def layout(self) -> str:
+        return (f"{self.name}: gradients summed in {self.half.name} through {self.inner} "
+                "(divided by the rank count before the cast); parameters sent exactly")
+
+
+class Fp16(Cast):
+    """IEEE float16."""
+
+    name = "fp16"
+    half = FLOAT16
+
+
+class Bf16(Cast):
+    """bfloat16."""
+
+    name = "bf16"
+    half = BFLOAT16
+
+
+@functools.lru_cache(maxsize=None)
+def _variant(cls: type[Cast], inner: str, lookup: Callable[[str], type[Topology]]
+             ) -> type[Cast]:
+    inner_cls = lookup(inner)           # unknown names: the registry's error
+    if issubclass(inner_cls, Cast):
+        raise TopologyError(f"{cls.name} cannot wrap {inner!r}: one cast is enough; allowed: "
+                            "any topology that is not fp16 or bf16")
+    return type(f"{cls.__name__}_{inner}", (cls,),
+                {"inner": inner, "inner_cls": inner_cls, "from_python": inner_cls.from_python,
+                 "__doc__": cls.__doc__})

@@ -1,0 +1,219 @@
+"""The small-message path: a topology's call planned once per buffer, then replayed.
+
+Below about 64 KiB an exchange's time is mostly Python's, not the wire's: every message
+of a home-made topology parses its buffer specs, builds and starts a request, reads its
+status back and updates counters, and that is microseconds per message where MPICH,
+inside one C call, spends a fraction of one.  A topology's data flow does not depend on
+the data: for one buffer (the same memory, length and dtype) it sends the same slices
+to the same peers every call.  So its first repeated call is *recorded* instead of sent:
+while recording, ``_send``/``_recv``/``_sendrecv`` create persistent requests
+(``MPI_Send_init``/``MPI_Recv_init``) on the very slices they were given and ``_add``
+notes which slices it adds; every later call *replays* the schedule: per step one
+``Startall`` + ``Waitall`` of the requests that the blocking call would have made, then
+the recorded adds, in the recorded order.  The algorithm stays written once, as blocking
+calls, in its own file; this module knows nothing of which algorithm it replays.
+
+What a replay keeps from the blocking path:
+
+* the same messages in the same order, so the same sums in the same order: parameters'
+  SHA-256 are those of the blocking path (``tests/topologies`` checks it);
+* every received message's length is checked (``Get_count`` on its status) and a longer
+  one raises :class:`~topologies.base.BufferMismatchError`, as before;
+* an MPI error (a dead peer under ULFM) is raised as the error it is, not as
+  ``MPI_ERR_IN_STATUS``;
+* the same :class:`~topologies.base.CommStats`, added once per call.
+
+Only buffers up to :data:`MAX_BYTES` are planned: above it a message's fixed cost is
+under a percent of its transfer, and a schedule keeps its buffer alive (persistent
+requests point at its memory).  At most :data:`KEPT` schedules are kept per topology,
+the least recently used dropped first, and a buffer is planned only when it comes back a
+second time in a row, so a caller passing a fresh array each call pays nothing and pins
+nothing.  Requests are freed when a schedule is dropped or collected and at interpreter exit,
+before mpi4py finalizes MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections import OrderedDict
+from typing import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+#: the environment variable that sets :data:`MAX_BYTES` (0 turns the path off), as
+#: MPICH's CVARs tune its collectives: for measuring what the path buys in situ
+ENV_MAX_BYTES = "MPIRL_SMALL_PATH_BYTES"
+
+
+def _max_bytes() -> int:
+    text = os.environ.get(ENV_MAX_BYTES, "65536")
+    if not text.isdigit():
+        raise ValueError(f"{ENV_MAX_BYTES}={text!r}; allowed: a byte count >= 0 "
+                         "(0 turns the small-message path off; default 65536)")
+    return int(text)
+
+
+#: the largest buffer (bytes) planned as a schedule (default 64 KiB)
+MAX_BYTES = _max_bytes()
+#: schedules kept per topology (least recently used dropped first)
+KEPT = 4
+
+
+class Schedule:
+    """One recorded call of ``topo`` (a :class:`~topologies.base.Topology`): steps of
+    ``(requests, statuses, receives)`` or ``(dst, src)`` adds, replayed in order by
+    :meth:`run`."""
+
+    def __init__(self, topo) -> None:
+        self.topo = topo
+        self.owner: np.ndarray | None = None       # the caller's array, kept alive
+        self.steps: list[tuple] = []
+        self.requests: list[MPI.Prequest] = []
+        self.messages_sent = self.bytes_sent = self.bytes_recv = 0
+        # frees the requests when the schedule is dropped or collected, or at exit
+        self._free = weakref.finalize(self, _free_requests, self.requests)
+
+    # -- recording (called by Topology._send/_recv/_sendrecv/_add) -----------------------
+    def message(self, sends: list[tuple[np.ndarray, int]],
+                recvs: list[tuple[np.ndarray, int]], tag: int, datatype: MPI.Datatype) -> None:
+        """One blocking call's messages: ``sends`` and ``recvs`` as (slice, peer), all of
+        MPI type ``datatype``."""
+        comm = self.topo.comm
+        requests = [comm.Send_init([buf, datatype], dest, tag) for buf, dest in sends]
+        first_recv = len(requests)
+        requests += [comm.Recv_init([buf, datatype], source, tag) for buf, source in recvs]
+        statuses = [MPI.Status() for _ in requests]
+        receives = [(statuses[first_recv + i], buf, source, datatype)
+                    for i, (buf, source) in enumerate(recvs)]
+        self.requests += requests
+        self.steps.append((requests, statuses, receives))
+        self.messages_sent += len(sends)
+        self.bytes_sent += sum(buf.nbytes for buf, _ in sends)
+        self.bytes_recv += sum(buf.nbytes for buf, _ in recvs)
+
+    def add(self, dst: np.ndarray, src: np.ndarray) -> None:
+        self.steps.append((dst, src))
+
+    # -- replay ------------------------------------------------------------------------
+    def run(self) -> None:
+        topo = self.topo
+        for step in self.steps:
+            if len(step) == 2:
+                np.add(step[0], step[1], out=step[0])
+                continue
+            requests, statuses, receives = step
+            MPI.Prequest.Startall(requests)
+            try:
+                MPI.Request.Waitall(requests, statuses)
+            except MPI.Exception as err:
+                _raise_from_statuses(topo, err, statuses, receives)
+            for status, buf, source, datatype in receives:
+                if status.Get_count(datatype) != buf.size:
+                    topo._check_count(status, buf, source)      # raises, naming both
+        stats = topo.stats
+        stats.messages_sent += self.messages_sent
+        stats.bytes_sent += self.bytes_sent
+        stats.bytes_recv += self.bytes_recv
+
+    def free(self) -> None:
+        """Free the persistent requests (an active one once it completes)."""
+        self.steps, self.owner = [], None
+        self._free()
+
+
+def _free_requests(requests: list) -> None:
+    """Free persistent requests while MPI is still up.  Run once per schedule: when it is
+    dropped, when it is collected with its topology, or at interpreter exit (weakref's
+    finalizers run from Python's atexit, before mpi4py finalizes MPI), so that MPICH
+    does not warn about requests left at MPI_Finalize."""
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    for request in requests:
+        try:
+            if request != MPI.REQUEST_NULL:
+                request.Free()
+        except MPI.Exception:        # a revoked or freed communicator: nothing to free
+            pass
+    requests.clear()
+
+
+def _raise_from_statuses(topo, err: MPI.Exception, statuses, receives):
+    """Raise what went wrong as the blocking call would: a truncated receive as a
+    BufferMismatchError, any other error as itself (not ``MPI_ERR_IN_STATUS``)."""
+    if err.Get_error_class() != MPI.ERR_IN_STATUS:
+        raise err
+    for status, buf, source, _ in receives:
+        code = status.Get_error()
+        if code != MPI.SUCCESS:
+            topo._raise_mismatch(MPI.Exception(code), buf, source)
+    for status in statuses:
+        code = status.Get_error()
+        if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+            raise MPI.Exception(code) from err
+    raise err
+
+
+class Schedules:
+    """A topology's schedules by (op, root, buffer); see the module docstring."""
+
+    def __init__(self, topo) -> None:
+        self.topo = topo
+        self.kept: OrderedDict[tuple, Schedule] = OrderedDict()
+        #: the last array called plainly, and a weak reference to it: a temporary's id
+        #: is reused by the next temporary, so only the same live array counts as seen
+        self.sighted: tuple[tuple, weakref.ref] | None = None
+
+    def call(self, op: str, owner: np.ndarray, buf: np.ndarray, root: int,
+             blocking: Callable[[], None]) -> None:
+        """Run ``blocking()`` (the topology's own call on ``buf``, the flat view of the
+        caller's array ``owner``) or its schedule.
+
+        A schedule is found by the caller's array object, not by its address (reading
+        an address costs microseconds): the schedule holds ``owner``, so while it is kept
+        no other array can take its id, and an array cannot move its memory while views
+        of it exist (``resize`` refuses); its length and dtype are in the key."""
+        if buf.nbytes > MAX_BYTES or not buf.nbytes:
+            blocking()
+            return
+        key = (op, root, id(owner), buf.size, buf.dtype.num)
+        schedule = self.kept.get(key)
+        if schedule is None:
+            sighted = self.sighted
+            if sighted is None or sighted[0] != key or sighted[1]() is not owner:
+                self.sighted = (key, weakref.ref(owner))   # first sight: plain, remembered
+                blocking()
+                return
+            schedule = self._record(blocking)
+            schedule.owner = owner
+            self.kept[key] = schedule
+            if len(self.kept) > KEPT:
+                self.kept.popitem(last=False)[1].free()
+        else:
+            self.kept.move_to_end(key)
+        try:
+            schedule.run()
+        except BaseException:
+            del self.kept[key]                 # its requests' state is unknown now
+            schedule.free()
+            raise
+
+    def _record(self, blocking: Callable[[], None]) -> Schedule:
+        topo = self.topo
+        schedule = Schedule(topo)
+        topo._recording = schedule
+        try:
+            blocking()
+        except BaseException:
+            schedule.free()
+            raise
+        finally:
+            topo._recording = None
+        return schedule
+
+    def clear(self) -> None:
+        for schedule in self.kept.values():
+            schedule.free()
+        self.kept.clear()
+        self.sighted = None
