@@ -7,8 +7,8 @@
    down at the end, also on error), at each cap:
    - ``mpirl.bench``: ring and butterfly plain, in fp16 and in bf16, 64 KiB to 4 MiB,
      side by side within each size (best of ``--rounds``);
-   - a link probe per exchange: 4 MiB allreduces, with the bytes through every node's
-     link read before and after.
+   - a link probe per exchange (``bench_cluster.py``'s): 4 MiB allreduces, with the
+     bytes through every node's link read before and after.
 2. **Learning** (this machine, shared memory): sync A2C on CartPole at 2 ranks, seeds
    1-3, with ``--compress none|fp16|bf16``, the same budget: final mean return, the
    curves (``learning.png``), and whether any run's parameters match the uncompressed
@@ -36,34 +36,10 @@ NODES = 4
 RATES = ["1gbit", "100mbit"]
 SIZES = ["64K", "1M", "4M"]
 SPECS = ["ring", "fp16:ring", "bf16:ring", "butterfly", "fp16:butterfly", "bf16:butterfly"]
-PROBE_BYTES = 4 << 20
+#: bench_cluster's link probe: ``--probe SPEC --calls N`` times 4 MiB allreduces
+PROBE = ROOT / "experiments" / "bench_cluster.py"
 COMPRESS = ["none", "fp16", "bf16"]
 SEEDS = [1, 2, 3]
-
-
-def probe(spec: str, calls: int) -> None:
-    """Under MPI: ``calls`` allreduces of 4 MiB with ``spec`` after one warm-up; rank 0
-    prints the median seconds per call as JSON."""
-    from mpirl.launch import apply_mpi_defaults
-
-    apply_mpi_defaults()
-    import numpy as np
-    from mpi4py import MPI
-
-    import topologies
-
-    comm = MPI.COMM_WORLD
-    topo = topologies.get(spec)(comm)
-    buf = np.ones(PROBE_BYTES // 4, dtype=np.float32)
-    topo.allreduce(buf, average=True)
-    times = []
-    for _ in range(calls):
-        comm.Barrier()
-        t0 = MPI.Wtime()
-        topo.allreduce(buf, average=True)
-        times.append(MPI.Wtime() - t0)
-    if comm.Get_rank() == 0:
-        print(json.dumps({"median_s": float(np.median(times))}))
 
 
 def on_cluster(out: Path, rounds: int, calls: int) -> list[str]:
@@ -94,7 +70,7 @@ def on_cluster(out: Path, rounds: int, calls: int) -> list[str]:
                 "4 MiB probe |", "|---|" + "---|" * (len(t.index) + 2)]
             for topology in SPECS:
                 before = net.link_bytes(spec)
-                argv, env = mpiexec_argv(spec, NODES, 1, ["python", __file__, "--probe",
+                argv, env = mpiexec_argv(spec, NODES, 1, ["python", str(PROBE), "--probe",
                                                           topology, "--calls", str(calls)])
                 done = subprocess.run(argv, env=env, capture_output=True, text=True,
                                       timeout=900)
@@ -184,11 +160,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=100_000,
                         help="env steps of each learning run")
     parser.add_argument("--skip-cluster", action="store_true")
-    parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.probe:
-        probe(args.probe, args.calls)
-        return 0
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

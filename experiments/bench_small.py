@@ -16,8 +16,8 @@
    in the same session.
 
 3. **Why in situ costs more.**  The same allreduce (844 B, 2 ranks) in a loop where
-   the ranks take turns to arrive 2 ms late (``--stagger-worker``, one rank computing or
-   sleeping meanwhile), against the lockstep loop of the microbenchmark: the late rank's
+   the ranks take turns to arrive 2 ms late (``--stagger-worker``; the late rank sleeps,
+   or computes, meanwhile), against the lockstep loop of the microbenchmark: the late rank's
    allreduce time, for ``native`` (MPI_Allreduce) and ``butterfly``.
 
 Writes ``results.md`` under ``--out`` (default ``docs/figures/small``).
@@ -134,8 +134,8 @@ def stagger(nbytes_note: str) -> list[str]:
     lines = ["## Why in situ costs more: one rank arriving late", "",
              "2 ranks, 844 B (211 float32), 280 allreduces; the late rank's allreduce time, "
              f"median (10th percentile), microseconds. {nbytes_note}", "",
-             "| exchange | lockstep | 2 ms late, the other rank sleeping | 2 ms late, "
-             "the other rank computing |", "|---|---|---|---|"]
+             "| exchange | lockstep | late rank slept 2 ms first | late rank computed "
+             "2 ms first (numpy matmul: OpenBLAS threads on both cores) |", "|---|---|---|---|"]
     for topology in ("native", "butterfly"):
         cells = []
         for gap, busy in ((0.0, False), (0.002, False), (0.002, True)):

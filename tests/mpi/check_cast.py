@@ -16,18 +16,12 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import topologies  # noqa: E402
+from cases import Cases  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-failed: list[str] = []
-
-
-def report(case: str, problems: list[str]) -> None:
-    problems = [p for ps in comm.allgather(problems) for p in ps]
-    if problems:
-        failed.append(case)
-    if rank == 0:
-        print(f"FAIL {case}: {'; '.join(problems)}" if problems else f"OK {case}", flush=True)
+cases = Cases(comm)
+report = cases.report
 
 
 def sent(spec: str, n: int) -> int:
@@ -101,7 +95,7 @@ def main() -> None:
     check_divide_before_cast()
     check_refusals_and_exact_bcast()
     check_rounding_and_identity()
-    sys.exit(1 if failed else 0)
+    sys.exit(1 if cases.failed else 0)
 
 
 if __name__ == "__main__":

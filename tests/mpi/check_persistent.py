@@ -19,19 +19,13 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import topologies  # noqa: E402
+from cases import Cases  # noqa: E402
 from topologies import butterfly, persistent  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-failed: list[str] = []
-
-
-def report(case: str, problems: list[str]) -> None:
-    problems = [p for ps in comm.allgather(problems) for p in ps]
-    if problems:
-        failed.append(case)
-    if rank == 0:
-        print(f"FAIL {case}: {'; '.join(problems)}" if problems else f"OK {case}", flush=True)
+cases = Cases(comm)
+report = cases.report
 
 
 def stats_delta(topo, call) -> tuple[int, int, int]:
@@ -122,7 +116,7 @@ def main() -> None:
     if size == 2:
         check_replay_sees_mismatch(+1)
         check_replay_sees_mismatch(-1)
-    sys.exit(1 if failed else 0)
+    sys.exit(1 if cases.failed else 0)
 
 
 if __name__ == "__main__":
