@@ -18,7 +18,7 @@ import math
 import sys
 from pathlib import Path
 
-from .load import NOT_CONFIG, _value, load_run, run_row
+from .load import NOT_CONFIG, load_run, run_row, shown
 
 #: the results compared, with their printed names and formats
 RESULTS = (("env_steps", "env steps", ",.0f"), ("wall_s", "wall s", ".1f"),
@@ -34,7 +34,7 @@ def differences(a: dict, b: dict) -> list[tuple[str, str, str]]:
     """``(field, a's, b's)`` for every configuration field that differs (seed included)."""
     skip = set(NOT_CONFIG) - {"seed"}
     keys = sorted((set(a) | set(b)) - skip)
-    return [(k, _value(a.get(k, "(absent)")), _value(b.get(k, "(absent)")))
+    return [(k, shown(a.get(k, "(absent)")), shown(b.get(k, "(absent)")))
             for k in keys if a.get(k) != b.get(k)]
 
 

@@ -67,7 +67,9 @@ def config_diff(a: dict, b: dict) -> dict[str, tuple]:
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-def _value(v) -> str:
+def shown(v) -> str:
+    """A configuration value as labels and comparisons print it: lists joined by commas
+    (``none`` when empty), floats in ``%g``."""
     if isinstance(v, (list, tuple)):
         return ",".join(map(str, v)) or "none"
     return f"{v:g}" if isinstance(v, float) else str(v)
@@ -93,7 +95,7 @@ def group_labels(groups: dict[str, tuple[str, dict]]) -> dict[str, str]:
                  any(p.get(k) != configs[g].get(k) for p in peers)]
         named = sorted({k for k in named if k not in TASK_FIELDS or config.get(k) != []},
                        key=lambda k: (k not in TASK_FIELDS, keys.index(k)))
-        parts = [f"{k}={_value(config.get(k))}" for k in named]
+        parts = [f"{k}={shown(config.get(k))}" for k in named]
         labels[g] = design + (", " + " ".join(parts) if parts else "")
     return labels
 

@@ -23,7 +23,6 @@ raises :class:`TrainError` too.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from .errors import ConfigError
+from .launch import stop_job
 
 
 class TrainError(RuntimeError):
@@ -126,11 +126,7 @@ def _launch(cmd: list[str], env: dict, timeout_s: float | None,
     def deadline() -> None:
         if job.poll() is None:
             stopped.set()
-            job.send_signal(signal.SIGTERM)     # mpiexec forwards it to every rank
-            try:
-                job.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
+            stop_job(job, 120.0)
 
     timer = threading.Timer(timeout_s, deadline) if timeout_s else None
     if timer:

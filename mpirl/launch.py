@@ -108,6 +108,24 @@ def end_process(proc, grace_s: float) -> None:
         proc.wait()
 
 
+def stop_job(job, grace_s: float) -> bool:
+    """Stop a running ``mpiexec`` (a ``subprocess.Popen`` started in its own session) as a
+    batch system's time limit does: SIGTERM, which mpiexec forwards to every rank; if it
+    has not ended ``grace_s`` later, SIGKILL to its whole process group.  True when it
+    ended within the grace."""
+    import signal
+    import subprocess
+
+    job.send_signal(signal.SIGTERM)
+    try:
+        job.wait(timeout=grace_s)
+        return True
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        return False
+
+
 def run_for(cmd: list[str], seconds: float, cwd=None, grace_s: float = 300.0,
             stdout=None) -> bool:
     """Run ``cmd`` (an ``mpiexec`` line) for at most ``seconds``, then stop it as a batch
@@ -118,7 +136,6 @@ def run_for(cmd: list[str], seconds: float, cwd=None, grace_s: float = 300.0,
     process group, mpiexec and every rank, is killed).  Interrupted (Ctrl-C), it stops
     the job the same way before the interrupt goes on.  ``stdout``: where its output
     goes (default: discarded)."""
-    import signal
     import subprocess
 
     job = subprocess.Popen(cmd, cwd=cwd, env=mpi_env(), start_new_session=True,
@@ -126,14 +143,9 @@ def run_for(cmd: list[str], seconds: float, cwd=None, grace_s: float = 300.0,
                            stderr=subprocess.STDOUT if stdout is not None else None)
 
     def stop() -> None:
-        job.send_signal(signal.SIGTERM)
-        try:
-            job.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+        if not stop_job(job, grace_s):
             raise RuntimeError(f"no exit within {grace_s:g} s of SIGTERM (killed): "
-                               f"{' '.join(cmd)}") from None
+                               f"{' '.join(cmd)}")
 
     try:
         code = job.wait(timeout=seconds)

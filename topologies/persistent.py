@@ -29,7 +29,9 @@ requests point at its memory).  At most :data:`KEPT` schedules are kept per topo
 the least recently used dropped first, and a buffer is planned only when it comes back a
 second time in a row, so a caller passing a fresh array each call pays nothing and pins
 nothing.  Requests are freed when a schedule is dropped or collected and at interpreter exit,
-before mpi4py finalizes MPI.
+before mpi4py finalizes MPI; when a replay fails (a dead peer, a mismatched length) the
+requests its ``Waitall`` left unfinished are left to MPI instead (freeing one still
+active towards a dead peer is fatal under Open MPI's ULFM).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class Schedule:
         self.steps: list[tuple] = []
         self.requests: list[MPI.Prequest] = []
         self.messages_sent = self.bytes_sent = self.bytes_recv = 0
+        #: the requests a failed Waitall left unfinished (see :meth:`abandon`)
+        self.unfinished: list[MPI.Prequest] = []
         # frees the requests when the schedule is dropped or collected, or at exit
         self._free = weakref.finalize(self, _free_requests, self.requests)
 
@@ -108,6 +112,7 @@ class Schedule:
             try:
                 MPI.Request.Waitall(requests, statuses)
             except MPI.Exception as err:
+                self.unfinished = _unfinished(err, requests, statuses)
                 _raise_from_statuses(topo, err, statuses, receives)
             for status, buf, source, datatype in receives:
                 if status.Get_count(datatype) != buf.size:
@@ -121,6 +126,15 @@ class Schedule:
         """Free the persistent requests (an active one once it completes)."""
         self.steps, self.owner = [], None
         self._free()
+
+    def abandon(self) -> None:
+        """Drop a schedule whose replay failed: free its requests except those the failed
+        ``Waitall`` left unfinished (towards a dead peer, say): Open MPI (ULFM) treats the
+        completion of a freed request as fatal ("error after request freed"), so those
+        few handles are left to MPI, once per failure."""
+        unfinished = {id(r) for r in self.unfinished}
+        self.requests[:] = [r for r in self.requests if id(r) not in unfinished]
+        self.free()
 
 
 def _free_requests(requests: list) -> None:
@@ -137,6 +151,15 @@ def _free_requests(requests: list) -> None:
         except MPI.Exception:        # a revoked or freed communicator: nothing to free
             pass
     requests.clear()
+
+
+def _unfinished(err: MPI.Exception, requests: list, statuses: list) -> list:
+    """The requests a failed ``Waitall`` left active: those whose status says
+    ``MPI_ERR_PENDING``, or all of them when the error did not come per status."""
+    if err.Get_error_class() != MPI.ERR_IN_STATUS:
+        return list(requests)
+    return [r for r, s in zip(requests, statuses, strict=True)
+            if s.Get_error() == MPI.ERR_PENDING]
 
 
 def _raise_from_statuses(topo, err: MPI.Exception, statuses, receives):
@@ -195,8 +218,8 @@ class Schedules:
         try:
             schedule.run()
         except BaseException:
-            del self.kept[key]                 # its requests' state is unknown now
-            schedule.free()
+            del self.kept[key]
+            schedule.abandon()
             raise
 
     def _record(self, blocking: Callable[[], None]) -> Schedule:
