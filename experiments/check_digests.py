@@ -35,6 +35,14 @@ CASES: dict[str, tuple[int, list[str], bool]] = {
                             False)
        for top in ("native", "star", "tree", "butterfly", "ring", "rabenseifner")
        for n in (1, 2, 3, 4)},
+    # exchanges that run another inside them: hierarchical's leaders, auto's pick, a cast
+    "sync-hierarchical-4r": (4, ["--mode", "sync", "--topology", "hierarchical", "--inner",
+                                 "butterfly", "--node-size", "2", "--total-steps", "3000"],
+                             False),
+    "sync-auto-3r": (3, ["--mode", "sync", "--topology", "auto", "--total-steps", "3000"],
+                     False),
+    "sync-fp16-ring-3r": (3, ["--mode", "sync", "--topology", "ring", "--compress", "fp16",
+                              "--total-steps", "3000"], False),
     "async-3r": (3, ["--mode", "async", "--topology", "star", "--total-steps", "3000"], True),
     "quorum-4r": (4, ["--mode", "quorum", "--topology", "star", "--total-steps", "3000"], True),
     "async-sharded-4r": (4, ["--mode", "async", "--topology", "star", "--servers", "2",

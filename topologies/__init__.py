@@ -14,14 +14,16 @@ subclass and one row below.
 from __future__ import annotations
 
 from .auto import Auto
-from .base import BufferMismatchError, CommStats, Topology, TopologyError
+from .base import BufferMismatchError, CommStats, Topology, TopologyError, check_env
 from .butterfly import Butterfly
 from .cast import Bf16, Fp16
 from .hierarchical import Hierarchical
 from .native import Native
+from .powersgd import PowerSGD
 from .rabenseifner import Rabenseifner
 from .ring import Ring
 from .star import Star
+from .topk import TopK
 from .tree import Tree
 
 REGISTRY: dict[str, type[Topology]] = {
@@ -41,6 +43,8 @@ REGISTRY: dict[str, type[Topology]] = {
 WRAPPERS: dict[str, type[Topology]] = {
     "fp16": Fp16,            # gradients summed as float16, divided before the cast
     "bf16": Bf16,            # gradients summed as bfloat16, divided before the cast
+    "topk": TopK,            # top-k entries (a leader taking turns), error feedback
+    "powersgd": PowerSGD,    # rank-r products per weight matrix, error feedback
 }
 
 
@@ -66,7 +70,7 @@ def get(name: str) -> type[Topology]:
 
     ``NAME:OPTIONS`` names a variant of a topology that takes options (its classmethod
     ``variant``), e.g. ``hierarchical:butterfly:2``; ``WRAPPER:SPEC`` a topology inside a
-    compression wrapper, e.g. ``fp16:ring``."""
+    compression wrapper, e.g. ``fp16:ring``, ``topk:0.01:butterfly``, ``powersgd:4``."""
     base, _, options = name.partition(":") if isinstance(name, str) else (name, "", "")
     try:
         cls = REGISTRY[base] if base in REGISTRY else WRAPPERS[base]
@@ -82,4 +86,4 @@ def get(name: str) -> type[Topology]:
 
 
 __all__ = ["REGISTRY", "WRAPPERS", "BufferMismatchError", "CommStats", "Topology", "TopologyError",
-           "UnknownTopologyError", "get", "names", "wrappers"]
+           "UnknownTopologyError", "check_env", "get", "names", "wrappers"]

@@ -92,10 +92,10 @@ class Auto(Topology):
         return topo
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
-        self._candidate("allreduce", buf)._allreduce_sum(buf)
+        self._candidate("allreduce", buf)._sum(buf, buf)   # with its small-message path
 
     def _bcast(self, buf: np.ndarray, root: int) -> None:
-        self._candidate("bcast", buf)._bcast(buf, root)
+        self._candidate("bcast", buf)._broadcast(buf, buf, root)
 
     def layout(self) -> str:
         return (f"auto: picks per call size among {', '.join(c.name for c in CANDIDATES)} "

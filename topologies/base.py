@@ -37,6 +37,7 @@ import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
+from . import persistent
 from .persistent import Schedules
 
 #: half precision: IEEE float16 and bfloat16 (the ``ml_dtypes`` numpy dtype), for the
@@ -136,6 +137,12 @@ class Cost:
 NO_COST = Cost(0.0, 0.0, 0.0)
 
 
+def in_sequence(a: Cost, b: Cost) -> Cost:
+    """Two costs paid one after the other."""
+    return Cost(a.messages + b.messages, a.bytes_moved + b.bytes_moved,
+                a.bytes_reduced + b.bytes_reduced, max(a.link_phases, b.link_phases))
+
+
 def no_model(topology: str, op: str) -> KeyError:
     """The error for an op a topology has no cost model of."""
     return KeyError(f"no cost model for {op} {topology}; ops: {', '.join(OPS)}")
@@ -150,6 +157,13 @@ def fold(p: int) -> tuple[int, int]:
 
 def ceil_log2(p: int) -> int:
     return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+def check_env() -> None:
+    """Raise TopologyError when an environment setting the topologies read is bad
+    (:data:`topologies.persistent.ENV_MAX_BYTES`); called when a topology is built."""
+    if persistent.ENV_ERROR:
+        raise TopologyError(persistent.ENV_ERROR)
 
 
 def check_buffer(buf, what: str = "buffer") -> np.ndarray:
@@ -168,7 +182,7 @@ def check_buffer(buf, what: str = "buffer") -> np.ndarray:
             "buffer, e.g. numpy.ascontiguousarray(x)")
     if not buf.flags.writeable:
         raise TopologyError(f"{what} is read-only; topologies work in place")
-    return buf.reshape(-1)
+    return buf if buf.ndim == 1 else buf.reshape(-1)
 
 
 class Topology(abc.ABC):
@@ -196,6 +210,7 @@ class Topology(abc.ABC):
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, root: int = 0) -> None:
         if comm == MPI.COMM_NULL:
             raise TopologyError("comm is MPI.COMM_NULL; pass a valid communicator")
+        check_env()
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -206,6 +221,8 @@ class Topology(abc.ABC):
         self._schedules = Schedules(self)
         self._divisors: dict[np.dtype, np.generic] = {}
         self._recording = None             # the Schedule being recorded, if any
+        self._plans_allreduce = "allreduce" in self.persistent and persistent.MAX_BYTES > 0
+        self._plans_bcast = "bcast" in self.persistent and persistent.MAX_BYTES > 0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size}, root={self.root})"
@@ -216,17 +233,14 @@ class Topology(abc.ABC):
         flat = check_buffer(buf)
         self.stats.calls += 1
         if self.size > 1:
-            if "allreduce" in self.persistent:
-                self._schedules.call("allreduce", buf, flat, -1, lambda: self._allreduce_sum(flat))
-            else:
-                self._allreduce_sum(flat)
-        if average and self.size > 1:
-            # by the rank count as a scalar of the buffer's dtype: the same bits as
-            # dividing by the int, without numpy resolving a Python scalar every call
-            divisor = self._divisors.get(flat.dtype)
-            if divisor is None:
-                divisor = self._divisors[flat.dtype] = flat.dtype.type(self.size)
-            np.divide(flat, divisor, out=flat)
+            self._sum(buf, flat)
+            if average:
+                # by the rank count as a scalar of the buffer's dtype: the same bits as
+                # dividing by the int, without numpy resolving a Python scalar every call
+                divisor = self._divisors.get(flat.dtype)
+                if divisor is None:
+                    divisor = self._divisors[flat.dtype] = flat.dtype.type(self.size)
+                np.divide(flat, divisor, out=flat)
         return buf
 
     def bcast(self, buf: np.ndarray, *, root: int | None = None) -> np.ndarray:
@@ -235,11 +249,24 @@ class Topology(abc.ABC):
         root = self.root if root is None else self._check_root(root)
         self.stats.calls += 1
         if self.size > 1:
-            if "bcast" in self.persistent:
-                self._schedules.call("bcast", buf, flat, root, lambda: self._bcast(flat, root))
-            else:
-                self._bcast(flat, root)
+            self._broadcast(buf, flat, root)
         return buf
+
+    def _sum(self, owner: np.ndarray, flat: np.ndarray) -> None:
+        """:meth:`_allreduce_sum` of ``flat`` (the flat view of the caller's ``owner``),
+        through its schedule where the topology plans allreduce; the call is not counted.
+        A topology running this one inside it (hierarchical's leaders) calls this."""
+        if self._plans_allreduce:
+            self._schedules.call("allreduce", owner, flat, -1, self._allreduce_sum, flat)
+        else:
+            self._allreduce_sum(flat)
+
+    def _broadcast(self, owner: np.ndarray, flat: np.ndarray, root: int) -> None:
+        """:meth:`_bcast`, as :meth:`_sum` is :meth:`_allreduce_sum`."""
+        if self._plans_bcast:
+            self._schedules.call("bcast", owner, flat, root, self._bcast, flat, root)
+        else:
+            self._bcast(flat, root)
 
     @classmethod
     def cost(cls, op: str, p: int, n: float) -> Cost:
@@ -248,6 +275,20 @@ class Topology(abc.ABC):
         if op not in OPS:
             raise no_model(cls.name, op)
         return NO_COST if p == 1 else cls._cost(op, p, n)
+
+    def describe(self, shapes: list[tuple[int, ...]]) -> None:
+        """The tensors the exchanged buffer holds, in order, for an exchange that compresses
+        per tensor (:mod:`topologies.powersgd`); every other topology ignores it."""
+        return None
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of this exchange between calls, as numpy arrays and
+        numbers (error feedback's residuals, :mod:`topologies.topk`); none by default."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Put back what :meth:`state` gave (nothing to put back by default)."""
+        return None
 
     def layout(self) -> str | None:
         """One line on how the topology laid itself out over the ranks, where that is

@@ -35,66 +35,41 @@ does).
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from mpi4py import MPI
 
-from .base import BFLOAT16, FLOAT16, Cost, Topology, TopologyError, check_buffer
-from .ring import Ring
-
-DEFAULT_INNER = "ring"
-#: the buffers a cast compresses
-FULL = (np.dtype(np.float32), np.dtype(np.float64))
+from .base import BFLOAT16, FLOAT16, Cost
+from .wrapper import Wrapper, inner_cost
 
 
-class Cast(Topology):
+class Cast(Wrapper):
     """Allreduce of a half-precision copy through ``inner``; ``bcast`` unchanged."""
 
     name = "cast"
     #: the dtype sent (set by the registered subclasses)
     half: ClassVar[np.dtype] = FLOAT16
-    inner: ClassVar[str] = DEFAULT_INNER
-    inner_cls: ClassVar[type[Topology]] = Ring
-
-    @classmethod
-    def variant(cls, options: str, lookup: Callable[[str], type[Topology]]) -> type[Cast]:
-        """The class for ``NAME:INNER`` (``options`` = INNER, itself a spec)."""
-        return _variant(cls, options or DEFAULT_INNER, lookup)
 
     @classmethod
     def _cost(cls, op: str, p: int, n: float) -> Cost:
+        inner = inner_cost(cls, op, p, n) or cls.inner_cls.cost(op, p, n / 2)
         if op == "bcast":
-            return cls.inner_cls.cost(op, p, n)
-        inner = cls.inner_cls.cost(op, p, n / 2)
+            return inner
         return Cost(inner.messages, inner.bytes_moved, inner.bytes_reduced + n,
                     inner.link_phases)
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
         super().__init__(comm, root=root)
-        self.inner_topology = self.inner_cls(comm, root=root)
-        self.inner_topology.stats = self.stats     # the bytes counted are the bytes sent
         self._halves: dict[int, np.ndarray] = {}
 
-    def allreduce(self, buf: np.ndarray, *, average: bool = False) -> np.ndarray:
-        flat = check_buffer(buf)
-        if flat.dtype not in FULL:
-            raise TopologyError(f"{self.name} compresses float32 or float64 buffers; got "
-                                f"{flat.dtype} (pass the full-precision gradient)")
-        if self.size == 1:
-            self.stats.calls += 1
-        else:
-            self._cast_sum(flat, divide=average)    # the inner call counts the call
-        return buf
-
-    def _cast_sum(self, flat: np.ndarray, divide: bool) -> None:
+    def _compressed_sum(self, flat: np.ndarray, average: bool) -> None:
         half = self._half(flat.size)
-        if divide:          # DDP's fp16 hook: divide first, so the sum cannot overflow
+        if average:         # DDP's fp16 hook: divide first, so the sum cannot overflow
             np.divide(flat, self.size, out=half, casting="same_kind")
         else:
             np.copyto(half, flat, casting="same_kind")
-        self.inner_topology.allreduce(half)
+        self.inner_topology._sum(half, half)
         np.copyto(flat, half, casting="same_kind")
 
     def _half(self, count: int) -> np.ndarray:
@@ -105,13 +80,6 @@ class Cast(Topology):
             half = np.empty(count, self.half)
             self._halves = {count: half}           # the last length only: buffers repeat
         return half
-
-    def _allreduce_sum(self, buf: np.ndarray) -> None:
-        """The sum, cast (not divided): for a topology that runs this one inside it."""
-        self._cast_sum(buf, divide=False)
-
-    def _bcast(self, buf: np.ndarray, root: int) -> None:
-        self.inner_topology._bcast(buf, root)
 
     def layout(self) -> str:
         return (f"{self.name}: gradients summed in {self.half.name} through {self.inner} "
@@ -130,15 +98,3 @@ class Bf16(Cast):
 
     name = "bf16"
     half = BFLOAT16
-
-
-@functools.lru_cache(maxsize=None)
-def _variant(cls: type[Cast], inner: str, lookup: Callable[[str], type[Topology]]
-             ) -> type[Cast]:
-    inner_cls = lookup(inner)           # unknown names: the registry's error
-    if issubclass(inner_cls, Cast):
-        raise TopologyError(f"{cls.name} cannot wrap {inner!r}: one cast is enough; allowed: "
-                            "any topology that is not fp16 or bf16")
-    return type(f"{cls.__name__}_{inner}", (cls,),
-                {"inner": inner, "inner_cls": inner_cls, "from_python": inner_cls.from_python,
-                 "__doc__": cls.__doc__})

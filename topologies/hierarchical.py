@@ -44,17 +44,11 @@ from typing import Callable, ClassVar
 import numpy as np
 from mpi4py import MPI
 
-from .base import Cost, Topology, TopologyError, _msg, sum_op
+from .base import Cost, Topology, TopologyError, _msg, in_sequence, sum_op
 from .ring import Ring
 from .tree import Tree
 
 DEFAULT_INNER = "ring"
-
-
-def add(a: Cost, b: Cost) -> Cost:
-    """Two costs paid one after the other."""
-    return Cost(a.messages + b.messages, a.bytes_moved + b.bytes_moved,
-                a.bytes_reduced + b.bytes_reduced, max(a.link_phases, b.link_phases))
 
 
 def node_groups(comm: MPI.Comm, node_size: int) -> MPI.Comm:
@@ -92,7 +86,7 @@ class Hierarchical(Topology):
     def _cost(cls, op: str, p: int, n: float) -> Cost:
         per_node = min(p, cls.node_size) if cls.node_size else p
         node, link = cls.levels(op, math.ceil(p / per_node), per_node, n)
-        return add(node, link)
+        return in_sequence(node, link)
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
         super().__init__(comm, root=root)
@@ -131,8 +125,8 @@ class Hierarchical(Topology):
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         self._node_reduce(buf)
-        if self.across:
-            self.inner_topology._allreduce_sum(buf)
+        if self.across:      # the leaders' call, planned as the inner topology plans it
+            self.inner_topology._sum(buf, buf)
         self._node_bcast(buf, 0)
 
     def _bcast(self, buf: np.ndarray, root: int) -> None:
@@ -141,7 +135,7 @@ class Hierarchical(Topology):
         if on_root_node:                 # the root's node first, from the root itself
             self._node_bcast(buf, self._node_rank_of(root))
         if self.across:
-            self.inner_topology._bcast(buf, root_node)
+            self.inner_topology._broadcast(buf, buf, root_node)
         if not on_root_node:
             self._node_bcast(buf, 0)
 

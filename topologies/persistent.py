@@ -49,16 +49,22 @@ from mpi4py import MPI
 ENV_MAX_BYTES = "MPIRL_SMALL_PATH_BYTES"
 
 
-def _max_bytes() -> int:
+def _max_bytes() -> tuple[int, str | None]:
+    """``(bytes, None)``, or ``(0, the error)`` for a value that is not a byte count: the
+    error is raised where a topology is built (``topologies.base.check_env``), not at
+    import, so that ``mpirl.run`` reports it as one line at start-up."""
     text = os.environ.get(ENV_MAX_BYTES, "65536")
     if not text.isdigit():
-        raise ValueError(f"{ENV_MAX_BYTES}={text!r}; allowed: a byte count >= 0 "
-                         "(0 turns the small-message path off; default 65536)")
-    return int(text)
+        return 0, (f"{ENV_MAX_BYTES}={text!r}; allowed: a byte count >= 0 "
+                   "(0 turns the small-message path off; default 65536)")
+    return int(text), None
 
 
-#: the largest buffer (bytes) planned as a schedule (default 64 KiB)
-MAX_BYTES = _max_bytes()
+#: the largest buffer (bytes) planned as a schedule (default 64 KiB), and the error of a
+#: bad :data:`ENV_MAX_BYTES`
+MAX_BYTES, ENV_ERROR = _max_bytes()
+
+
 #: schedules kept per topology (least recently used dropped first)
 KEPT = 4
 
@@ -189,16 +195,16 @@ class Schedules:
         self.sighted: tuple[tuple, weakref.ref] | None = None
 
     def call(self, op: str, owner: np.ndarray, buf: np.ndarray, root: int,
-             blocking: Callable[[], None]) -> None:
-        """Run ``blocking()`` (the topology's own call on ``buf``, the flat view of the
-        caller's array ``owner``) or its schedule.
+             blocking: Callable[..., None], *args) -> None:
+        """Run ``blocking(*args)`` (the topology's own call on ``buf``, the flat view of
+        the caller's array ``owner``) or its schedule.
 
         A schedule is found by the caller's array object, not by its address (reading
         an address costs microseconds): the schedule holds ``owner``, so while it is kept
         no other array can take its id, and an array cannot move its memory while views
         of it exist (``resize`` refuses); its length and dtype are in the key."""
         if buf.nbytes > MAX_BYTES or not buf.nbytes:
-            blocking()
+            blocking(*args)
             return
         key = (op, root, id(owner), buf.size, buf.dtype.num)
         schedule = self.kept.get(key)
@@ -206,9 +212,9 @@ class Schedules:
             sighted = self.sighted
             if sighted is None or sighted[0] != key or sighted[1]() is not owner:
                 self.sighted = (key, weakref.ref(owner))   # first sight: plain, remembered
-                blocking()
+                blocking(*args)
                 return
-            schedule = self._record(blocking)
+            schedule = self._record(blocking, args)
             schedule.owner = owner
             self.kept[key] = schedule
             if len(self.kept) > KEPT:
@@ -222,12 +228,12 @@ class Schedules:
             schedule.abandon()
             raise
 
-    def _record(self, blocking: Callable[[], None]) -> Schedule:
+    def _record(self, blocking: Callable[..., None], args: tuple) -> Schedule:
         topo = self.topo
         schedule = Schedule(topo)
         topo._recording = schedule
         try:
-            blocking()
+            blocking(*args)
         except BaseException:
             schedule.free()
             raise

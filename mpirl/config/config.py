@@ -81,7 +81,7 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
 
         design = f"{self.topology}-{self.mode}" if self.uses_topology else self.mode
         if self.compress != "none":
-            design = f"{self.compress}-{design}"
+            design = f"{self.compress.replace(':', '')}-{design}"
         return f"{design}-{world_size}r-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def take_design_defaults(self, given: set[str]) -> None:

@@ -26,9 +26,12 @@ class DesignFields:
     cost_params: str = doc("topology auto: the params.json of python -m mpirl.costmodel "
                            "-o DIR (this machine's or cluster's fit); empty = the built-in "
                            "shared-memory fit", default="")
-    compress: str = doc("gradient compression around the topology's allreduce: none, "
-                        "fp16 or bf16 (summed in half precision, divided by the rank count "
-                        "before the cast, as DDP's fp16 hook; parameters are sent exactly)",
+    compress: str = doc("gradient compression around the topology's allreduce: none; fp16 "
+                        "or bf16 (summed in half precision, divided by the rank count before "
+                        "the cast, as DDP's fp16 hook); topk[:RATIO] (the top RATIO of "
+                        "entries, default 0.01) or powersgd[:RANK] (rank-RANK products per "
+                        "weight matrix, default 2), both with error feedback, their residuals "
+                        "in the checkpoints; parameters are always sent exactly",
                         default="none")
     mode: str = doc(
         "training design: " + ", ".join(registry.DESIGNS) + " (each described above; "
@@ -84,7 +87,13 @@ def check_topology_options(cfg) -> None:
     if cfg.topology == "hierarchical":
         choice("inner", cfg.inner, [n for n in topologies.names() if n != "hierarchical"])
         at_least("node_size", cfg.node_size, 0)
-    choice("compress", cfg.compress, ["none", *topologies.wrappers()])
+    name, _, option = cfg.compress.partition(":")
+    choice("compress", name, ["none", *topologies.wrappers()])
+    takes = name != "none" and topologies.get(name).option_name
+    if option and not (takes and option.replace(".", "", 1).isdigit()):
+        raise ConfigError(f"compress={cfg.compress!r}: " + (
+            f"{name} takes no option" if not takes else f"{name}'s {takes} is a decimal number")
+            + "; allowed: fp16, bf16, topk[:RATIO], powersgd[:RANK]")
     use = registry.design(cfg.mode).topology_use
     if cfg.compress != "none" and not (use in ("allreduce", "learners") and cfg.uses_topology):
         takers = [d.name + (" with --learners > 1" if d.topology_use == "learners" else "")
@@ -95,6 +104,7 @@ def check_topology_options(cfg) -> None:
                           f"{', '.join(takers)} (every other run: compress none)")
     try:
         topologies.get(cfg.topology_spec)
+        topologies.check_env()
     except topologies.TopologyError as err:
         raise ConfigError(str(err)) from None
 

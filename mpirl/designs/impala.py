@@ -158,6 +158,8 @@ class ImpalaLearner:
         self.actors = actors
         exchange = (topologies.get(cfg.topology_spec)(learners_comm)
                     if learners_comm.Get_size() > 1 else None)
+        if exchange is not None:
+            exchange.describe(learner.shapes)
         print_layout(exchange, learners_comm.Get_rank())
         self.trainer = VtraceTrainer(cfg, learner, exchange)
         self.server = ChannelServer(comm, actors, layout.nbytes)

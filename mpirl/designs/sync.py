@@ -141,11 +141,12 @@ class SyncRank:
         learner, actor = build_replica(cfg, rank)
         check_same_model(comm, learner)
         exchange = Exchange(cfg.topology_spec, comm, cfg.on_failure)
+        exchange.describe(learner.shapes)           # for per-tensor compression (powersgd)
         print_layout(exchange.topology, rank)
         exchange.bcast(learner.params, root=0)      # identical start, whatever torch did
         count, episodes = Counters(comm.Get_size(), cfg.steps_per_batch), Episodes()
         progress = Progress(run_dir, enabled=rank == 0, resume=bool(cfg.resume))
-        saved = TrainingState(count, learner, actor, episodes, progress)
+        saved = TrainingState(count, learner, actor, episodes, progress, exchange)
         if cfg.resume:
             saved.restore(run_dir, rank)
         commits = elastic.start(cfg, comm, run_dir, progress.elapsed(),

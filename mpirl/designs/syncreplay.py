@@ -79,6 +79,7 @@ class ReplayReplica:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.learner, self.actor = start_replica(cfg, comm, build=build_dqn)
         self.exchange = topologies.get(cfg.topology_spec)(comm)
+        self.exchange.describe(self.learner.shapes)
         print_layout(self.exchange, self.rank)
         self.exchange.bcast(self.learner.params, root=0)       # identical start
         self.learner.sync_target()

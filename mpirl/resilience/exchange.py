@@ -44,6 +44,30 @@ class Exchange:
         self.failed: Callable[[int, FailureEvent], None] = failed or (lambda update, event: None)
         self.update = 0               # the update of the last (or current) average
         self._earlier = CommStats()   # what the topologies before a rebuild moved
+        self._shapes: list | None = None
+
+    def describe(self, shapes: list[tuple[int, ...]]) -> None:
+        """The tensors the averaged buffer holds (``Topology.describe``: PowerSGD's
+        matrices); told again to a topology rebuilt after a failure."""
+        self._shapes = shapes
+        self.topology.describe(shapes)
+
+    # -- what a checkpoint keeps (error feedback's residuals): Stateful ------------------
+    PREFIX = "exchange."
+
+    def state(self) -> dict:
+        """The topology's state (:meth:`topologies.base.Topology.state`) as tensors, under
+        ``exchange.`` keys; none for exchanges without state."""
+        import torch
+
+        return {self.PREFIX + key: torch.from_numpy(value) if isinstance(value, np.ndarray)
+                else value for key, value in self.topology.state().items()}
+
+    def load_state(self, state: dict) -> None:
+        mine = {key[len(self.PREFIX):]: value.numpy() if hasattr(value, "numpy") else value
+                for key, value in state.items() if key.startswith(self.PREFIX)}
+        if mine:
+            self.topology.load_state(mine)
 
     @property
     def size(self) -> int:
@@ -105,4 +129,8 @@ class Exchange:
         for name in CommStats.__slots__:
             setattr(self._earlier, name, getattr(self._earlier, name)
                     + getattr(self.topology.stats, name))
+        state = self.topology.state()           # this rank's residual survives the shrink
         self.topology = topologies.get(self.name)(comm)
+        if self._shapes is not None:
+            self.topology.describe(self._shapes)
+        self.topology.load_state(state)

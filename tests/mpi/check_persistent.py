@@ -81,6 +81,30 @@ def check_what_is_planned(name: str) -> None:
     report(f"{name} plans only repeated small arrays", problems)
 
 
+def check_nested(spec: str) -> None:
+    """A topology running another inside it (hierarchical's leaders, a cast's half
+    buffer) plans the inner calls too, counts each call once, and gives the bytes of the
+    inner topology alone (node size 1: every rank a leader, nothing reduced per node)."""
+    topo = topologies.get(spec)(comm)
+    alone = topologies.get("butterfly")(comm)
+    x = np.random.default_rng([6, rank]).standard_normal(1000).astype(np.float32)
+    y, z = x.copy(), x.copy()
+    problems = []
+    for _ in range(3):
+        y[:], z[:] = x, x
+        topo.allreduce(y, average=True)
+        if spec.startswith("hierarchical"):
+            alone.allreduce(z, average=True)
+            if y.tobytes() != z.tobytes():
+                problems.append(f"rank {rank}: {spec}'s bytes differ from butterfly's")
+    if topo.stats.calls != 3:
+        problems.append(f"rank {rank}: {topo.stats.calls} calls counted for 3")
+    if len(topo.inner_topology._schedules.kept) != 1:
+        problems.append(f"rank {rank}: the inner topology kept "
+                        f"{len(topo.inner_topology._schedules.kept)} schedules, not 1")
+    report(f"{spec} plans its inner calls", problems)
+
+
 def check_replay_sees_mismatch(extra: int) -> None:
     """Rank 0 replays; rank 1 answers with ``1000 + extra`` elements on the round's tag."""
     topo = butterfly.Butterfly(comm)
@@ -113,6 +137,8 @@ def main() -> None:
         if topologies.get(name).persistent:
             check_replays(name)
             check_what_is_planned(name)
+    for spec in ("hierarchical:butterfly:1", "fp16:butterfly"):
+        check_nested(spec)
     if size == 2:
         check_replay_sees_mismatch(+1)
         check_replay_sees_mismatch(-1)

@@ -33,6 +33,8 @@ def test_replays_match_plain_calls_and_plan_only_repeated_small_arrays(nranks):
     for name in PLANNED:
         assert f"OK {name} replays" in lines, result.tail()
         assert f"OK {name} plans only repeated small arrays" in lines, result.tail()
+    for spec in ("hierarchical:butterfly:1", "fp16:butterfly"):
+        assert f"OK {spec} plans its inner calls" in lines, result.tail()
     if nranks == 2:
         assert "OK a replay sees a message 1 element too long" in lines, result.tail()
         assert "OK a replay sees a message 1 element too short" in lines, result.tail()
@@ -44,10 +46,20 @@ def test_replays_match_plain_calls_and_plan_only_repeated_small_arrays(nranks):
 
 def test_the_size_limit_is_a_byte_count_or_a_clear_error():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPIRL_SMALL_PATH_BYTES": "64K"}
-    result = subprocess.run([sys.executable, "-c", "import topologies"], env=env, cwd=ROOT,
+    build = ("import topologies\ntry:\n    topologies.get('ring')()\n"
+             "except topologies.TopologyError as err:\n    print('refused:', err)")
+    result = subprocess.run([sys.executable, "-c", build], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
-    assert "MPIRL_SMALL_PATH_BYTES='64K'; allowed: a byte count >= 0" in result.stderr
+    assert result.returncode == 0, result.stderr      # importing is not refused
+    assert "refused: MPIRL_SMALL_PATH_BYTES='64K'; allowed: a byte count >= 0" \
+        in result.stdout, result.stdout + result.stderr
+    # the runtime: one line, exit 2, before anything starts
+    result = run_mpi(2, ["-m", "mpirl.run", "--env", "CartPole-v1", "--total-steps", "64"],
+                     env={"MPIRL_SMALL_PATH_BYTES": "-1"}, timeout_s=60, check=False)
+    assert result.returncode == 2, result.tail()
+    assert "mpirl.run: error: MPIRL_SMALL_PATH_BYTES='-1'; allowed: a byte count >= 0" \
+        in result.output, result.tail()
+    assert "Traceback" not in result.output, result.tail()
     env["MPIRL_SMALL_PATH_BYTES"] = "0"
     result = subprocess.run([sys.executable, "-c", "from topologies import persistent; "
                              "print(persistent.MAX_BYTES)"], env=env, cwd=ROOT,

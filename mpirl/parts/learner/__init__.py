@@ -54,6 +54,11 @@ class FlatLearner:
         return self.flat.param_np
 
     @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The tensors :attr:`params` and :attr:`grad` hold, in order."""
+        return self.flat.shapes
+
+    @property
     def grad(self) -> np.ndarray:
         """The gradient as one flat numpy buffer: ``backward()`` writes straight into it."""
         return self.flat.grad_np

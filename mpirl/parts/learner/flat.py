@@ -37,6 +37,12 @@ class FlatParams:
         self.grad_np: np.ndarray = self.flat.grad.numpy()
 
     @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Each parameter tensor's shape, in the buffer's order (for exchanges that
+        compress per tensor, ``Topology.describe``)."""
+        return [tuple(p.shape) for p in self._views]
+
+    @property
     def count(self) -> int:
         return self.flat.numel()
 
