@@ -135,7 +135,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "every rank steps: A2C, synchronous DPPO",
            "every rank's gradient, averaged by the topology's allreduce",
            serving=lambda cfg: (), ledgers=("gradients",), topology_use="allreduce",
-           checkpoints="replica", shrinkable=True, options=PPO_OPTIONS),
+           checkpoints="replica", shrinkable=True,
+           options=(*PPO_OPTIONS, "overlap", "bucket_mb")),
     Design("sync-replay", "mpirl.designs.syncreplay:run_sync_replay",
            "every rank acts into its own replay and learns from it; the gradients are "
            "averaged by the topology's allreduce: the book's multi-process SAC (DQN for "

@@ -28,9 +28,10 @@ gradients).  Q, the same on every rank after the allreduce, is kept for the next
 * **Rank** ``r`` (spec ``powersgd:RANK[:INNER]``, default 2): an integer >= 1.
 * **Bytes:** two allreduces of ``4 (sum (rows + cols) r + uncompressed)`` bytes in all,
   instead of ``4n``.
-* **State:** the residual (per rank) and the Q's (the same on every rank), saved by a
-  checkpoint (:meth:`PowerSGD.state`); the first Q's are drawn from a fixed seed, the
-  same on every rank.  Nothing changes until both allreduces have returned, so a redone
+* **State:** the residual (per rank) and the Q's (the same on every rank), one of each
+  per buffer length (another length is another gradient), saved by a checkpoint
+  (:meth:`PowerSGD.state`); the first Q's are drawn from a fixed seed, the same on
+  every rank.  Nothing changes until both allreduces have returned, so a redone
   exchange (``--on-failure shrink``) starts from the same state.  A rank whose M holds
   a NaN or an infinity keeps its previous residual.
 
@@ -81,6 +82,31 @@ def plan(shapes: list[tuple[int, ...]], rank: int) -> tuple[list[tuple[int, int,
     return matrices, plain
 
 
+class Plan:
+    """One buffer length's layout: each compressed matrix as (its slice of the buffer,
+    rows, cols, its slice of the P buffer, its slice of the Q buffer), the indices sent
+    uncompressed, and the scratch buffers (kept: the inner small-message path plans
+    them)."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], rank: int, dtype: np.dtype) -> None:
+        matrices, plain = plan(shapes, rank)
+        n = sum(math.prod(s) for s in shapes)
+        in_matrix = np.zeros(n, bool)
+        self.views, p_at, q_at = [], 0, 0
+        for off, rows, cols in matrices:
+            in_matrix[off:off + rows * cols] = True
+            self.views.append((slice(off, off + rows * cols), rows, cols,
+                               slice(p_at, p_at + rows * rank),
+                               slice(q_at, q_at + cols * rank)))
+            p_at, q_at = p_at + rows * rank, q_at + cols * rank
+        self.rank, self.dtype, self.p_len, self.q_len = rank, dtype, p_at, q_at
+        self.plain = np.flatnonzero(~in_matrix)
+        self.pbuf = np.empty(p_at + plain, dtype)        # the P's, then the rest
+        self.qbuf = np.empty(q_at, dtype)                # the Q's, summed
+        self.mine = np.empty(q_at, dtype)                # this rank's Q's
+        self.spare = np.empty(n, dtype)                  # the next residual
+
+
 class PowerSGD(Wrapper):
     """Rank-r power iteration per weight matrix, warm-started, with error feedback."""
 
@@ -112,96 +138,82 @@ class PowerSGD(Wrapper):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.shapes: list[tuple[int, ...]] | None = None
-        self.residual: np.ndarray | None = None
-        self.qs: np.ndarray | None = None        # every matrix's Q, one flat buffer
-        self._planned: tuple | None = None
-        self._spare: np.ndarray | None = None    # the next residual, built before it counts
+        #: per gradient length (one per buffer exchanged): this rank's residual, and every
+        #: matrix's Q in one flat buffer (the same on every rank)
+        self.residuals: dict[int, np.ndarray] = {}
+        self.qs: dict[int, np.ndarray] = {}
+        self._plans: dict[int, Plan] = {}
 
     def describe(self, shapes: list[tuple[int, ...]]) -> None:
         """The tensors the caller's buffer holds, in order (C order each)."""
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
-        self._planned = None
+        self._plans.clear()
 
-    def _plan(self, n: int, dtype: np.dtype) -> tuple:
+    def _plan(self, n: int, dtype: np.dtype) -> Plan:
         shapes = self.shapes if self.shapes is not None else [square(n)]
         if sum(math.prod(s) for s in shapes) != n:
             raise TopologyError(f"powersgd: the tensors described hold "
                                 f"{sum(math.prod(s) for s in shapes)} elements, the buffer "
                                 f"{n}; describe() the buffer that is exchanged")
-        r = int(self.option)
-        matrices, plain = plan(shapes, r)
-        in_matrix = np.zeros(n, bool)
-        for off, rows, cols in matrices:
-            in_matrix[off:off + rows * cols] = True
-        plain_index = np.flatnonzero(~in_matrix)
-        p_len = sum(rows * r for _, rows, _ in matrices)
-        q_len = sum(cols * r for _, _, cols in matrices)
-        pbuf, qbuf = np.empty(p_len + plain, dtype), np.empty(q_len, dtype)
-        mine = np.empty(q_len, dtype)
-        if self.qs is None or self.qs.size != q_len or self.qs.dtype != dtype:
-            if self.qs is not None:
-                raise TopologyError(f"powersgd: saved Q's of {self.qs.size} elements, the "
-                                    f"buffer's matrices need {q_len}")
-            self.qs = np.random.default_rng(SEED).standard_normal(q_len).astype(dtype)
-        if self.residual is None:
-            self.residual = np.zeros(n, dtype)
-        elif self.residual.size != n or self.residual.dtype != dtype:
-            raise TopologyError(f"powersgd: a {n}-element {dtype} gradient after "
-                                f"{self.residual.size}-element {self.residual.dtype} ones; "
-                                "the residual belongs to one gradient buffer")
-        views, p_at, q_at = [], 0, 0
-        for off, rows, cols in matrices:
-            views.append((slice(off, off + rows * cols), rows, cols,
-                          slice(p_at, p_at + rows * r), slice(q_at, q_at + cols * r)))
-            p_at, q_at = p_at + rows * r, q_at + cols * r
-        self._spare = np.empty(n, dtype)
-        self._planned = (n, dtype, views, plain_index, pbuf, qbuf, mine, p_len)
-        return self._planned
+        plan_ = Plan(shapes, int(self.option), dtype)
+        qs = self.qs.get(n)
+        if qs is None:
+            self.qs[n] = np.random.default_rng(SEED).standard_normal(plan_.q_len).astype(dtype)
+        elif qs.size != plan_.q_len or qs.dtype != dtype:
+            raise TopologyError(f"powersgd: saved Q's of {qs.size} {qs.dtype} elements; the "
+                                f"buffer's matrices need {plan_.q_len} {dtype}")
+        residual = self.residuals.setdefault(n, np.zeros(n, dtype))
+        if residual.dtype != dtype:
+            raise TopologyError(f"powersgd: a {dtype} gradient of {n} elements after "
+                                f"{residual.dtype} ones; the residual belongs to one buffer")
+        self._plans[n] = plan_
+        return plan_
 
     def _compressed_sum(self, flat: np.ndarray, average: bool) -> None:
-        planned = self._planned
-        if planned is None or planned[0] != flat.size or planned[1] != flat.dtype:
-            planned = self._plan(flat.size, flat.dtype)
-        _, _, views, plain_index, pbuf, qbuf, mine, p_len = planned
-        r = int(self.option)
-        acc = np.add(flat, self.residual, out=self._spare)            # M = G + E
-        for at, rows, cols, ps, qs in views:
-            np.matmul(acc[at].reshape(rows, cols), self.qs[qs].reshape(cols, r),
+        n = flat.size
+        pl = self._plans.get(n)
+        if pl is None or pl.dtype != flat.dtype:
+            pl = self._plan(n, flat.dtype)
+        r, pbuf, qbuf, mine, qs = pl.rank, pl.pbuf, pl.qbuf, pl.mine, self.qs[n]
+        residual = self.residuals[n]
+        acc = np.add(flat, residual, out=pl.spare)                    # M = G + E
+        for at, rows, cols, ps, qv in pl.views:
+            np.matmul(acc[at].reshape(rows, cols), qs[qv].reshape(cols, r),
                       out=pbuf[ps].reshape(rows, r))
-        np.take(acc, plain_index, out=pbuf[p_len:])
+        np.take(acc, pl.plain, out=pbuf[pl.p_len:])
         self.inner_topology._sum(pbuf, pbuf)                          # the P's and the rest
-        for at, rows, cols, ps, qs in views:
+        for at, rows, cols, ps, qv in pl.views:
             p = pbuf[ps].reshape(rows, r)
             p[:] = np.linalg.qr(p)[0]                                 # orthonormal columns
-            m = acc[at].reshape(rows, cols)
-            np.matmul(m.T, p, out=mine[qs].reshape(cols, r))
+            np.matmul(acc[at].reshape(rows, cols).T, p, out=mine[qv].reshape(cols, r))
         qbuf[:] = mine
         self.inner_topology._sum(qbuf, qbuf)                          # the Q's
-        scale = qbuf.dtype.type(self.size) if average else None
-        for at, rows, cols, ps, qs in views:
-            p, q = pbuf[ps].reshape(rows, r), qbuf[qs].reshape(cols, r)
+        for at, rows, cols, ps, qv in pl.views:
+            p, q = pbuf[ps].reshape(rows, r), qbuf[qv].reshape(cols, r)
             np.matmul(p, q.T, out=flat[at].reshape(rows, cols))       # out = P Q^T
             m = acc[at].reshape(rows, cols)
-            m -= p @ mine[qs].reshape(cols, r).T                      # E = M - P Q_mine^T
-        flat[plain_index] = pbuf[p_len:]
-        if scale is not None:
-            np.divide(flat, scale, out=flat)
+            m -= p @ mine[qv].reshape(cols, r).T                      # E = M - P Q_mine^T
+        flat[pl.plain] = pbuf[pl.p_len:]
+        if average:
+            np.divide(flat, flat.dtype.type(self.size), out=flat)
         if np.isfinite(np.sum(qbuf)):      # warm start (a NaN anywhere would stay in it)
-            self.qs[:] = qbuf
+            qs[:] = qbuf
         if np.isfinite(np.sum(acc)):       # else keep the old residual (a bad gradient)
-            acc[plain_index] = 0
-            self.residual, self._spare = acc, self.residual
+            acc[pl.plain] = 0
+            self.residuals[n], pl.spare = acc, residual
 
     def state(self) -> dict:
-        if self.residual is None:
-            return {}
-        return {"residual": self.residual.copy(), "qs": self.qs.copy()}
+        out: dict = {}
+        for n, residual in self.residuals.items():
+            out[f"residual_{n}"], out[f"qs_{n}"] = residual.copy(), self.qs[n].copy()
+        return out
 
     def load_state(self, state: dict) -> None:
-        if "residual" in state:
-            self.residual = np.array(state["residual"], copy=True)
-            self.qs = np.array(state["qs"], copy=True)
-            self._planned = None
+        lengths = [int(key[len("residual_"):]) for key in state if key.startswith("residual_")]
+        if lengths:
+            self.residuals = {n: np.array(state[f"residual_{n}"], copy=True) for n in lengths}
+            self.qs = {n: np.array(state[f"qs_{n}"], copy=True) for n in lengths}
+            self._plans.clear()
 
     def layout(self) -> str:
         what = "the tensors described" if self.shapes is not None else "the buffer as one matrix"

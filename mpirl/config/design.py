@@ -33,6 +33,12 @@ class DesignFields:
                         "weight matrix, default 2), both with error feedback, their residuals "
                         "in the checkpoints; parameters are always sent exactly",
                         default="none")
+    overlap: bool = doc("sync: exchange the gradient in buckets while backward still "
+                        "computes it (DDP's bucket_cap_mb, Horovod's fusion buffer): each "
+                        "bucket's allreduce starts, on a thread of its own, once backward has "
+                        "filled it", default=False)
+    bucket_mb: float = doc("--overlap: MiB of gradient per bucket (whole tensors, from the "
+                           "last layer back)", default=1.0)
     mode: str = doc(
         "training design: " + ", ".join(registry.DESIGNS) + " (each described above; "
         "docs/modes.md)", default="sync")
@@ -60,6 +66,7 @@ def check_design(cfg, world_size: int) -> None:
             f"asynchronously; topology={cfg.topology!r} is not allowed with it "
             "(use --topology star, or --mode sync)")
     check_own_options(cfg, design)
+    check_overlap(cfg)
     if "quorum" in design.options and not 0 <= cfg.quorum <= world_size - 1:
         raise ConfigError(f"quorum={cfg.quorum}; allowed with {world_size} ranks: "
                           f"0..{world_size - 1} (0 = half the workers)")
@@ -107,6 +114,26 @@ def check_topology_options(cfg) -> None:
         topologies.check_env()
     except topologies.TopologyError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_overlap(cfg) -> None:
+    """``--overlap`` and its bucket size (mode sync only: check_own_options)."""
+    if not cfg.bucket_mb > 0:            # NaN too
+        raise ConfigError(f"bucket_mb={cfg.bucket_mb!r}; allowed: a size in MiB > 0 (each "
+                          "bucket's share of the gradient, e.g. 1 or 0.25)")
+    if cfg.bucket_mb != 1.0 and not cfg.overlap:
+        raise ConfigError(f"bucket_mb={cfg.bucket_mb!r} sizes --overlap's buckets; this run "
+                          "has no --overlap (add it, or leave bucket_mb at 1.0)")
+    if not cfg.overlap:
+        return
+    if cfg.on_failure == "shrink":
+        raise ConfigError("overlap with on_failure='shrink' is not supported (a bucket "
+                          "redone after a failure would need every bucket redone); allowed: "
+                          "on_failure stop")
+    if cfg.compress.partition(":")[0] in ("topk", "powersgd"):
+        raise ConfigError(f"overlap with compress={cfg.compress!r} is not supported (error "
+                          "feedback keeps one residual per gradient buffer, not per bucket); "
+                          "allowed: compress none, fp16, bf16")
 
 
 #: design options checked elsewhere, with their own messages: PPO's (check_learner) and

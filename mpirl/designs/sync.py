@@ -5,9 +5,13 @@ them with its own replica's policy, and a learner; what travels is the gradient,
 flat buffer per update, through the chosen topology's allreduce.  Per rollout and per
 update repeat, on every rank::
 
-    learner.gradient(batch)                    # backward into learner.grad
-    exchange.average(learner.grad, update)     # the whole exchange
+    pending = gradients.start(update)          # --overlap: the buckets armed
+    learner.gradient(batch)                    # backward into learner.grad (and out)
+    pending.wait()                             # the whole exchange, or what is left
     learner.apply()                            # the same Adam step everywhere
+
+Without ``--overlap`` the exchange is one allreduce of the whole buffer in ``wait``;
+with it, buckets of the buffer leave during backward (:mod:`mpirl.kit.overlap`).
 
 Identical initial parameters (broadcast from rank 0), identical averaged gradients and
 a deterministic optimizer keep the replicas byte-identical; every ``checksum_every``
@@ -36,6 +40,7 @@ from ..config import Config
 from ..errors import ReplicaDivergence
 from ..kit.common import (Episodes, Summary, build_replica, check_same_model, comm_share,
                           final_mean_return, print_layout, reached_target, sum_over_ranks)
+from ..kit.overlap import Overlap, Whole
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Learner
 from ..parts.learner.normalize import Moments
@@ -96,16 +101,17 @@ class Counters:
 
 def run_sync(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank = SyncRank.start(cfg, comm, run_dir)
-    learner, actor, exchange = rank.learner, rank.actor, rank.exchange
+    learner, actor, gradients = rank.learner, rank.actor, rank.gradients
     policy, timer = ModelPolicy(learner.model), PhaseTimer()
     with rank.guarded(comm) as guard:
         while rank.next_rollout():
             batch = learner.batch(actor.collect(policy, cfg.rollout_steps, timer))
             for update, part, first in rank.updates(batch):  # epochs x minibatches
-                losses = learner.gradient(part, timer)
+                pending = gradients.start(update)          # --overlap: buckets armed
+                losses = learner.gradient(part, timer)     # ... and sent as backward fills them
                 guard.check(update, learner.grad)          # --fail; NaN: 'stop' raises
                 with timer("exchange_s"):
-                    exchange.average(learner.grad, update)  # the whole exchange
+                    pending.wait()                         # the whole exchange, or its rest
                 if rank.usable(learner.grad):              # else a NaN every rank skips
                     learner.apply(timer)
                 rank.record(update, timer, losses, first)
@@ -129,6 +135,7 @@ class SyncRank:
     progress: Progress
     saved: TrainingState
     log: RunLogger
+    gradients: Whole | Overlap | None = None   # how learner.grad is averaged
     commits: NodeCommits | None = None   # --commit-every: elastic commits in node memory
     guard: Guard | None = None
     solved: bool = False          # stopped early: every rank reached --target-return
@@ -158,8 +165,10 @@ class SyncRank:
                         resume_update=count.update if cfg.resume else None)
         exchange.failed = log.failure
         log.watch(exchange, waits=(), from_zero=True)   # the first row holds the bcast
+        gradients = (Overlap(exchange, learner.flat, cfg.bucket_mb) if cfg.overlap
+                     else Whole(exchange, learner.grad))
         return cls(cfg, run_dir, learner, actor, exchange, count, episodes, progress, saved,
-                   log, commits)
+                   log, gradients, commits)
 
     @contextmanager
     def guarded(self, comm: MPI.Comm) -> Iterator[Guard]:

@@ -2,7 +2,9 @@
 
 Every ``--checkpoint-every`` rollouts and at the end, each rank writes
 ``RUN_DIR/checkpoints/rankNNNN.pt``: parameters, the whole Adam state, torch's RNG,
-counters, episode statistics, the rollout's pending observations and returns, and the
+counters, episode statistics, the rollout's pending observations and returns, the
+exchange's own state where it keeps one (``--compress topk|powersgd``: this rank's
+error-feedback residual, ``exchange.*`` keys), and the
 environments' dynamic state where it can be captured exactly (classic-control envs keep
 it all in ``unwrapped.state``; other envs are reseeded on resume, and a resumed run is
 then no longer bit-identical to an uninterrupted one).  A checkpoint is written to a

@@ -61,7 +61,7 @@ def check_feedback_books_balance(spec: str) -> None:
         sent_out += g.astype(np.float64) * size
         if step == 0 and np.allclose(g * size, exact, atol=1e-4):
             problems.append(f"rank {rank}: the output equals the exact sum (not compressed)")
-    residual = topo.state()["residual"].astype(np.float64)
+    residual = topo.state()[f"residual_{N}"].astype(np.float64)
     comm.Allreduce(MPI.IN_PLACE, residual)
     gap = np.max(np.abs(sent_in - sent_out - residual))
     if not gap < 1e-3:
@@ -119,18 +119,25 @@ def check_state_round_trip(spec: str) -> None:
     ga, gb = gradient(7), gradient(7)
     a.allreduce(ga, average=True)
     b.allreduce(gb, average=True)
-    if ga.tobytes() != gb.tobytes() or \
-            a.state()["residual"].tobytes() != b.state()["residual"].tobytes():
+    key = f"residual_{N}"
+    if ga.tobytes() != gb.tobytes() or a.state()[key].tobytes() != b.state()[key].tobytes():
         problems.append(f"rank {rank}: the loaded state did not continue the same")
+    other = np.ones(100, np.float32)          # another buffer: a residual of its own
+    a.describe([(10, 10)])
+    a.allreduce(other)
+    if sorted(a.state()) != sorted([*b.state(), "residual_100"]
+                                   + (["qs_100"] if "qs_" + str(N) in b.state() else [])):
+        problems.append(f"rank {rank}: state keys {sorted(a.state())}")
     c = build(spec)
-    c.load_state(a.state())
+    c.load_state({**a.state(), key: a.state()[key].astype(np.float64)})
     try:
-        c.allreduce(np.ones(N + 1, np.float32))
-        problems.append(f"rank {rank}: a residual of another length was taken")
+        c.allreduce(gradient(8))
+        problems.append(f"rank {rank}: a float64 residual was taken for a float32 gradient")
     except topologies.TopologyError as err:
-        if "residual" not in str(err) and "described" not in str(err):
+        if "residual" not in str(err) and "Q's" not in str(err):
             problems.append(f"rank {rank}: {err}")
-    report(f"{spec}: its state continues exactly; a wrong length refused", problems)
+    report(f"{spec}: its state continues exactly, one per buffer; a wrong dtype refused",
+           problems)
 
 
 def check_a_bad_gradient_does_not_stay(spec: str) -> None:
@@ -144,7 +151,8 @@ def check_a_bad_gradient_does_not_stay(spec: str) -> None:
         g[5] = np.nan
     topo.allreduce(g, average=True)
     problems = []
-    if rank == size - 1 and topo.state()["residual"].tobytes() != before["residual"].tobytes():
+    key = f"residual_{N}"
+    if rank == size - 1 and topo.state()[key].tobytes() != before[key].tobytes():
         problems.append(f"rank {rank}: the residual changed after a NaN gradient")
     g = gradient(2)
     topo.allreduce(g, average=True)

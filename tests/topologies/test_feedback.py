@@ -22,7 +22,7 @@ def test_feedback_wrappers_lose_nothing_and_keep_replicas_identical(nranks):
     cases += ["bytes: the inner topology's for k, or for the P's and Q's",
               "powersgd without describe(); options kept"]
     for spec in ("topk:0.1:ring", "powersgd:2:butterfly"):
-        cases += [f"{spec}: its state continues exactly; a wrong length refused",
+        cases += [f"{spec}: its state continues exactly, one per buffer; a wrong dtype refused",
                   f"{spec}: a NaN gradient does not stay in the residual"]
     for case in cases:
         assert f"OK {case}" in lines, result.tail()

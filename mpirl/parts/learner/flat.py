@@ -37,6 +37,11 @@ class FlatParams:
         self.grad_np: np.ndarray = self.flat.grad.numpy()
 
     @property
+    def tensors(self) -> list[torch.nn.Parameter]:
+        """The module's parameter tensors (views into :attr:`flat`), in the buffer's order."""
+        return self._views
+
+    @property
     def shapes(self) -> list[tuple[int, ...]]:
         """Each parameter tensor's shape, in the buffer's order (for exchanges that
         compress per tensor, ``Topology.describe``)."""
