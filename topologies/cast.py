@@ -44,6 +44,10 @@ from .base import BFLOAT16, FLOAT16, Cost
 from .wrapper import Wrapper, inner_cost
 
 
+#: half-precision buffers kept, one per buffer length
+LENGTHS_KEPT = 8
+
+
 class Cast(Wrapper):
     """Allreduce of a half-precision copy through ``inner``; ``bcast`` unchanged."""
 
@@ -74,11 +78,13 @@ class Cast(Wrapper):
 
     def _half(self, count: int) -> np.ndarray:
         """The half-precision buffer for ``count`` elements: the same array every call of
-        one length (the inner topology's small-message path plans it)."""
+        one length (the inner topology's small-message path plans it), for the last
+        :data:`LENGTHS_KEPT` lengths (``--overlap``'s buckets take turns)."""
         half = self._halves.get(count)
         if half is None:
-            half = np.empty(count, self.half)
-            self._halves = {count: half}           # the last length only: buffers repeat
+            if len(self._halves) >= LENGTHS_KEPT:
+                del self._halves[next(iter(self._halves))]     # the oldest length
+            half = self._halves[count] = np.empty(count, self.half)
         return half
 
     def layout(self) -> str:

@@ -26,12 +26,14 @@ What a replay keeps from the blocking path:
 Only buffers up to :data:`MAX_BYTES` are planned: above it a message's fixed cost is
 under a percent of its transfer, and a schedule keeps its buffer alive (persistent
 requests point at its memory).  At most :data:`KEPT` schedules are kept per topology,
-the least recently used dropped first, and a buffer is planned only when it comes back a
-second time in a row, so a caller passing a fresh array each call pays nothing and pins
-nothing.  Requests are freed when a schedule is dropped or collected and at interpreter exit,
-before mpi4py finalizes MPI; when a replay fails (a dead peer, a mismatched length) the
-requests its ``Waitall`` left unfinished are left to MPI instead (freeing one still
-active towards a dead peer is fatal under Open MPI's ULFM).
+the least recently used dropped first, and a buffer is planned only when the same live
+array comes back (among the last :data:`SIGHTED` seen), so a caller passing a fresh
+array each call pays nothing and pins nothing, and buffers that take turns
+(``--overlap``'s buckets) are each planned.  Requests are freed when a schedule is
+dropped or collected and at interpreter exit, before mpi4py finalizes MPI; when a
+replay fails (a dead peer, a mismatched length) the requests its ``Waitall`` left
+unfinished are left to MPI instead (freeing one still active towards a dead peer is
+fatal under Open MPI's ULFM).
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ MAX_BYTES, ENV_ERROR = _max_bytes()
 
 #: schedules kept per topology (least recently used dropped first)
 KEPT = 4
+#: arrays remembered as seen once, so that one coming back is planned (several: buffers
+#: that take turns, as ``--overlap``'s buckets or a cast's per-length buffers, come back
+#: every update but not twice in a row)
+SIGHTED = 2 * KEPT
 
 
 class Schedule:
@@ -190,9 +196,10 @@ class Schedules:
     def __init__(self, topo) -> None:
         self.topo = topo
         self.kept: OrderedDict[tuple, Schedule] = OrderedDict()
-        #: the last array called plainly, and a weak reference to it: a temporary's id
-        #: is reused by the next temporary, so only the same live array counts as seen
-        self.sighted: tuple[tuple, weakref.ref] | None = None
+        #: the last SIGHTED keys called plainly, each with a weak reference to its array:
+        #: a temporary's id is reused by the next temporary, so only the same live array
+        #: counts as seen
+        self.sighted: OrderedDict[tuple, weakref.ref] = OrderedDict()
 
     def call(self, op: str, owner: np.ndarray, buf: np.ndarray, root: int,
              blocking: Callable[..., None], *args) -> None:
@@ -209,9 +216,11 @@ class Schedules:
         key = (op, root, id(owner), buf.size, buf.dtype.num)
         schedule = self.kept.get(key)
         if schedule is None:
-            sighted = self.sighted
-            if sighted is None or sighted[0] != key or sighted[1]() is not owner:
-                self.sighted = (key, weakref.ref(owner))   # first sight: plain, remembered
+            seen = self.sighted.pop(key, None)
+            if seen is None or seen() is not owner:    # first sight: plain, remembered
+                self.sighted[key] = weakref.ref(owner)
+                if len(self.sighted) > SIGHTED:
+                    self.sighted.popitem(last=False)
                 blocking(*args)
                 return
             schedule = self._record(blocking, args)
@@ -245,4 +254,4 @@ class Schedules:
         for schedule in self.kept.values():
             schedule.free()
         self.kept.clear()
-        self.sighted = None
+        self.sighted.clear()

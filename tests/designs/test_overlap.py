@@ -34,14 +34,16 @@ def test_buckets_leave_during_backward_and_average_exactly(nranks):
 
 def test_an_overlapped_run_ends_where_the_plain_one_does(tmp_path):
     """butterfly at 3 ranks: the same parameter SHA-256 with and without overlap; ring
-    with overlap keeps every replica identical (checked every update)."""
+    with overlap, and its buckets summed in bfloat16, keeps every replica identical
+    (checked every update)."""
     run = ["--topology", "butterfly", "--total-steps", "1536"]
     _, plain = train(tmp_path, 3, *run, name="plain")
     _, over = train(tmp_path, 3, *run, "--overlap", "--bucket-mb", "0.005", name="over")
     assert over["param_digest"] == plain["param_digest"]
     assert over["updates"] == plain["updates"] > 5
     _, ring = train(tmp_path, 3, "--topology", "ring", "--total-steps", "1536", "--overlap",
-                    "--bucket-mb", "0.005", "--checksum-every", "1", name="ring")
+                    "--bucket-mb", "0.005", "--compress", "bf16", "--checksum-every", "1",
+                    name="ring")
     assert ring["updates"] == plain["updates"]
 
 

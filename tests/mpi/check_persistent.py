@@ -78,6 +78,7 @@ def check_what_is_planned(name: str) -> None:
                         f"not {persistent.KEPT}")
     if any(not np.all(a == size ** 2) for a in arrays):
         problems.append(f"rank {rank}: a twice-summed array is not size**2")
+    check_turns(topo, problems)
     report(f"{name} plans only repeated small arrays", problems)
 
 
@@ -103,6 +104,18 @@ def check_nested(spec: str) -> None:
         problems.append(f"rank {rank}: the inner topology kept "
                         f"{len(topo.inner_topology._schedules.kept)} schedules, not 1")
     report(f"{spec} plans its inner calls", problems)
+
+
+def check_turns(topo, problems: list[str]) -> None:
+    """Arrays that take turns (--overlap's buckets) are each planned."""
+    topo._schedules.clear()
+    turns = [np.ones(20 + i, np.float32) for i in range(3)]
+    for _ in range(3):
+        for a in turns:
+            topo.allreduce(a)
+    if len(topo._schedules.kept) != 3 or any(not np.all(a == size ** 3) for a in turns):
+        problems.append(f"rank {rank}: 3 arrays taking turns gave "
+                        f"{len(topo._schedules.kept)} schedules, not 3")
 
 
 def check_replay_sees_mismatch(extra: int) -> None:
