@@ -105,6 +105,9 @@ class Plan:
         self.qbuf = np.empty(q_at, dtype)                # the Q's, summed
         self.mine = np.empty(q_at, dtype)                # this rank's Q's
         self.spare = np.empty(n, dtype)                  # the next residual
+        #: this rank's share of the largest matrix's output (no allocation per call)
+        self.share = np.empty(max((rows * cols for _, rows, cols, _, _ in self.views),
+                                  default=0), dtype)
 
 
 class PowerSGD(Wrapper):
@@ -191,8 +194,10 @@ class PowerSGD(Wrapper):
         for at, rows, cols, ps, qv in pl.views:
             p, q = pbuf[ps].reshape(rows, r), qbuf[qv].reshape(cols, r)
             np.matmul(p, q.T, out=flat[at].reshape(rows, cols))       # out = P Q^T
+            share = pl.share[:rows * cols].reshape(rows, cols)
+            np.matmul(p, mine[qv].reshape(cols, r).T, out=share)      # P Q_mine^T
             m = acc[at].reshape(rows, cols)
-            m -= p @ mine[qv].reshape(cols, r).T                      # E = M - P Q_mine^T
+            np.subtract(m, share, out=m)                              # E = M - P Q_mine^T
         flat[pl.plain] = pbuf[pl.p_len:]
         if average:
             np.divide(flat, flat.dtype.type(self.size), out=flat)
