@@ -9,6 +9,7 @@ from ..errors import ConfigError
 from .checks import at_least, choice, doc, in_range
 
 REFRESH = ("unroll", "updates", "episode")
+DELIVERY = ("push", "broadcast")
 INFERENCE_POLICIES = ("auto", "fixed", "drain")
 DEVICES = ("cpu", "cuda")
 
@@ -26,6 +27,12 @@ class ActorLearnerFields:
         "--refresh-every updates ahead of the actor's copy), 'episode' (when one of the "
         "actor's episodes ended in the unroll: fetch before the next game)", default="unroll")
     refresh_every: int = doc("impala, --param-refresh updates: K", default=1)
+    param_delivery: str = doc(
+        "impala: how fresh parameters reach the actors: 'push' (each actor's reply carries "
+        "its own copy: the learner's link sends actors x n bytes) or 'broadcast' (one "
+        "bcast through --topology over the learner and its actors, on a thread at each "
+        "end: ring = a pipelined chain, tree = a binomial tree; every --refresh-every "
+        "updates, every update with --param-refresh unroll)", default="push")
     max_policy_lag: int = doc("impala/seed/ga3c: unrolls whose parameters are more than "
                                "this many updates old are dropped (counted); 0 = no bound",
                                default=0)
@@ -51,6 +58,11 @@ class ActorLearnerFields:
 
 def check_actor_learner(cfg, world_size: int) -> None:
     choice("param_refresh", cfg.param_refresh, REFRESH)
+    choice("param_delivery", cfg.param_delivery, DELIVERY)
+    if cfg.param_delivery == "broadcast" and cfg.param_refresh == "episode":
+        raise ConfigError("param_delivery='broadcast' reaches every actor at once, and "
+                          "param_refresh='episode' is one actor's; allowed with broadcast: "
+                          "param_refresh unroll or updates")
     choice("inference_policy", cfg.inference_policy, INFERENCE_POLICIES)
     choice("learner_device", cfg.learner_device, DEVICES)
     for name in ("unroll_batch", "max_policy_lag"):

@@ -102,7 +102,8 @@ def check_topology_options(cfg) -> None:
             f"{name} takes no option" if not takes else f"{name}'s {takes} is a decimal number")
             + "; allowed: fp16, bf16, topk[:RATIO], powersgd[:RANK]")
     use = registry.design(cfg.mode).topology_use
-    if cfg.compress != "none" and not (use in ("allreduce", "learners") and cfg.uses_topology):
+    allreduces = use == "allreduce" or (use == "learners" and cfg.learners > 1)
+    if cfg.compress != "none" and not allreduces:
         takers = [d.name + (" with --learners > 1" if d.topology_use == "learners" else "")
                   for d in registry.DESIGNS.values() if d.topology_use in ("allreduce",
                                                                            "learners")]

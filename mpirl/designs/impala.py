@@ -9,7 +9,11 @@ and the parameter version) from actor to learner; back, a reply that carries the
 learner's parameters when ``--param-refresh`` says so (every unroll, every
 ``--refresh-every`` updates, or after an episode ended), else only its version.  With
 several learners, their gradients are averaged by the chosen topology's allreduce on
-the learners' communicator (IMPALA's multi-learner setup).
+the learners' communicator (IMPALA's multi-learner setup).  With ``--param-delivery
+broadcast`` the replies carry only the version, and the parameters reach a learner's
+actors by one broadcast through the topology every ``--refresh-every`` updates (every
+update with ``--param-refresh unroll``), on a thread at each end
+(:mod:`mpirl.kit.delivery`); an actor takes the newest one between unrolls.
 
 An actor keeps one unroll in flight: it sends unroll k, collects unroll k+1 meanwhile,
 then takes the reply to k before it sends k+1.  So it never waits for the learner
@@ -39,6 +43,7 @@ from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, Acco
                                 params_reply, end_run)
 from ..kit.book import Book
 from ..kit.common import Episodes, Summary, print_layout, start_replica
+from ..kit.delivery import Publisher, Subscriber, open_group
 from ..parts.actor import ModelPolicy
 from ..parts.unroll import UNROLL_META, UnrollLayout
 from ..resilience.guard import Guard
@@ -47,36 +52,42 @@ from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 
+#: what the ledger checks at the end: unrolls, and (--param-delivery broadcast) broadcasts
+INVARIANTS = ledger.UNROLLS + ledger.REQUESTS + ledger.DELIVERY
+
 
 def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank, size, n_learners = comm.Get_rank(), comm.Get_size(), cfg.learners
     is_learner = rank < n_learners
     learner, actor = start_replica(cfg, comm, with_actor=not is_learner)
     learners_comm = comm.Split(0 if is_learner else MPI.UNDEFINED, rank)
+    server = rank if is_learner else (rank - n_learners) % n_learners    # its learner
+    ends = (open_group(comm, server, is_learner, cfg.topology_spec, learner.params.size)
+            if cfg.param_delivery == "broadcast" else None)   # learner l -> its actors
     layout = UnrollLayout(cfg.rollout_steps, cfg.num_envs, learner.obs_space, learner.act_space)
     summary = Summary.of(cfg, size, learner)
     if is_learner:              # learner l serves actors l, l + L, l + 2L, ... (after them)
         actors = [a for a in range(n_learners, size) if (a - n_learners) % n_learners == rank]
-        part = ImpalaLearner(cfg, comm, learners_comm, learner, layout, actors, run_dir)
+        part = ImpalaLearner(cfg, comm, learners_comm, learner, layout, actors, run_dir, ends)
     else:
-        part = ImpalaActor(cfg, comm, learner, actor, layout,
-                           server=(rank - n_learners) % n_learners, run_dir=run_dir)
+        part = ImpalaActor(cfg, comm, learner, actor, layout, server, run_dir, ends)
     part.run()
     if is_learner:
         part.fill(summary)
         learners_comm.Free()
     summary.env_steps = comm.bcast(summary.env_steps, root=0)
-    return end_run(summary, comm, part, run_dir,
-                   lags=part.queue.lags if is_learner else ())
+    return end_run(summary, comm, part, run_dir, lags=part.queue.lags if is_learner else (),
+                   invariants=INVARIANTS, extra=("broadcasts_sent",))
 
 
 class ImpalaActor:
     """Roll out with the local copy, ship the unroll, take the reply to the previous one."""
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learner, actor, layout: UnrollLayout,
-                 server: int, run_dir: Path) -> None:
+                 server: int, run_dir: Path, subscriber: Subscriber | None = None) -> None:
         self.cfg, self.comm, self.learner, self.actor, self.layout = (cfg, comm, learner,
                                                                       actor, layout)
+        self.subscriber = subscriber
         self.client = ChannelClient(comm, server)
         self.records = [layout.empty(), layout.empty()]   # one filling, one in flight
         self.reply = params_reply(learner.params.size)
@@ -91,7 +102,8 @@ class ImpalaActor:
         policy, timer = ModelPolicy(self.learner.model), PhaseTimer()
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
             self._take_reply(timer)                       # the learner's first parameters
-            log.watch(self.client)
+            log.watch(self.client, *([self.subscriber.topology] if self.subscriber else []),
+                      waits=(self.client,))
             log.begin()
             in_flight = False
             while True:
@@ -110,6 +122,9 @@ class ImpalaActor:
                 add_phases(self.phases, log.record(
                     self.sent, timer, env_steps=cfg.steps_per_batch, param_version=acted_with))
                 guard.beat(self.sent, "between unrolls")
+            if self.subscriber is not None:
+                guard.at("waiting for the learner's last broadcast")
+                self.subscriber.close(timeout_s=cfg.wait_timeout_s)
         add_phases(self.phases, timer.take())
 
     def _pack(self, record: np.ndarray, rollout, version: int, stop: bool) -> None:
@@ -140,10 +155,17 @@ class ImpalaActor:
             self.version = int(self.reply[0]["meta"][REPLY_META["version"]])
         elif tag != TAG_KEEP:
             raise AccountingError(f"rank {self.comm.Get_rank()}: unexpected reply tag {tag}")
+        if self.subscriber is not None:
+            with timer("param_wait_s"):          # a copy: the broadcast already landed
+                version = self.subscriber.take(self.learner.params)
+            if version is not None:
+                self.version = version
         return True
 
     def counts(self) -> dict:
-        return actor_counts(self.phases, unrolls_sent=self.sent)
+        received = {} if self.subscriber is None else {
+            "broadcasts_received": self.subscriber.received}
+        return actor_counts(self.phases, unrolls_sent=self.sent, **received)
 
 
 class ImpalaLearner:
@@ -152,10 +174,13 @@ class ImpalaLearner:
     episodes = None      # it steps no envs
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learners_comm: MPI.Comm, learner, layout,
-                 actors: list[int], run_dir: Path) -> None:
+                 actors: list[int], run_dir: Path, publisher: Publisher | None = None) -> None:
         self.cfg, self.comm, self.sub, self.learner, self.layout = (cfg, comm, learners_comm,
                                                                     learner, layout)
         self.actors = actors
+        self.publisher = publisher
+        #: --param-delivery broadcast: updates between broadcasts
+        self.broadcast_every = 1 if cfg.param_refresh == "unroll" else cfg.refresh_every
         exchange = (topologies.get(cfg.topology_spec)(learners_comm)
                     if learners_comm.Get_size() > 1 else None)
         if exchange is not None:
@@ -177,7 +202,8 @@ class ImpalaLearner:
         self.progress = Progress(run_dir, enabled=comm.Get_rank() == 0)
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
         # replies and unrolls, and the exchange among learners
-        self.log.watch(self.server, *filter(None, [self.trainer.exchange]), waits=())
+        self.log.watch(self.server, *filter(None, [self.trainer.exchange]),
+                       *([publisher.topology] if publisher else []), waits=())
         # which unroll was taken when: recorded, or enforced (--replay-schedule)
         self.schedule = Schedule(run_dir, comm.Get_rank(), cfg.replay_schedule)
 
@@ -198,6 +224,7 @@ class ImpalaLearner:
                            else self._gather(timer))
                 self.schedule.take(STEP, self.version)
                 losses = self.trainer.train(records, timer)
+                self._broadcast(timer)
                 lags = self.queue.lags[-len(records):]
                 add_phases(self.phases, log.record(
                     self.version, timer, param_version=self.version,
@@ -248,10 +275,19 @@ class ImpalaLearner:
         self.queue.add(record, self.version)
         self._publish(actor, timer, wants=bool(meta[UNROLL_META["wants_params"]]))
 
+    def _broadcast(self, timer) -> None:
+        """--param-delivery broadcast: start one every ``broadcast_every`` updates (once
+        the one in flight has left this learner)."""
+        publisher = self.publisher
+        if publisher is not None and self.version - publisher.delivered >= self.broadcast_every:
+            with timer("publish_s"):
+                publisher.offer(self.learner.params, self.version)
+
     def _publish(self, actor: int, timer, initial: bool = False, wants: bool = False) -> None:
-        """Answer ``actor``: with the parameters when the refresh policy says so."""
+        """Answer ``actor``: with the parameters when the refresh policy says so (with
+        --param-delivery broadcast, only the first time: then they come by broadcast)."""
         cfg, reply = self.cfg, self.replies[actor]
-        fresh = initial or {"unroll": True, "episode": wants,
+        fresh = initial or self.publisher is None and {"unroll": True, "episode": wants,
                             "updates": self.version - self.held[actor] >= cfg.refresh_every
                             }[cfg.param_refresh]
         with timer("publish_s"):
@@ -287,6 +323,8 @@ class ImpalaLearner:
     def _drain(self, timer) -> None:
         """Take every actor's last unroll, answer it with STOP; what is queued is dropped."""
         server, before = self.server, self.book.env_steps
+        if self.publisher is not None:   # STOP rung before the actors hear it in a reply
+            self.publisher.close(timeout_s=self.cfg.wait_timeout_s)
         while server.pending():
             with timer("data_wait_s"):
                 actor = server.wait_any(timeout_s=self.cfg.wait_timeout_s, only=server.pending())
@@ -318,7 +356,10 @@ class ImpalaLearner:
             raise AccountingError(f"learners' parameters diverged: {digests}")
 
     def counts(self) -> dict:
-        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped}
+        sent = {} if self.publisher is None else {
+            "broadcasts_sent": self.publisher.broadcasts,
+            "broadcast_copies": self.publisher.broadcasts * len(self.actors)}
+        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped, **sent}
 
 
 __all__ = ["ImpalaActor", "ImpalaLearner", "run_impala"]

@@ -83,6 +83,9 @@ class Summary:
                                             # seed: assembled at the learner
     unrolls_used: int = 0                   # trained on
     unrolls_dropped: int = 0                # too old (--max-policy-lag) or left at the end
+    broadcasts_sent: int = 0                # impala --param-delivery broadcast: started by
+                                            # the learners
+    broadcasts_received: int = 0            # joined by actors (== sent x each's actors)
     requests_sent: int = 0                  # seed/ga3c: observation requests of actors
     requests_answered: int = 0              # with actions
     requests_dropped: int = 0               # answered with STOP at the end

@@ -6,6 +6,8 @@ written once here, by ledger (the ledgers of :mod:`mpirl.registry`):
 
 * gradients: sent = applied + dropped;
 * unrolls: sent = used + dropped;
+* delivery: every actor joined every parameter broadcast its learner started
+  (received = the learners' broadcasts x their actors);
 * requests: sent = answered + dropped, and every answer reached its actor
   (actions received = answered);
 * transitions: the actors' sent = the replays' inserted = stored + evicted; priorities
@@ -47,6 +49,8 @@ GRADIENTS = (Balance("gradients_sent", ("gradients_applied", "gradients_dropped"
                      "every gradient a worker sent is applied or dropped"),)
 UNROLLS = (Balance("unrolls_sent", ("unrolls_used", "unrolls_dropped"),
                    "every unroll sent is used or dropped"),)
+DELIVERY = (Balance("broadcasts_received", ("broadcast_copies",),
+                    "every actor joined every broadcast of its learner"),)
 REQUESTS = (Balance("requests_sent", ("requests_answered", "requests_dropped"),
                     "every request is answered or dropped"),
             Balance("actions_received", ("requests_answered",),

@@ -86,6 +86,8 @@ UPDATE_DTYPE = np.dtype([
     ("infer_wait_s", "f8"),    # actor: waiting for actions from the inference rank
     ("send_s", "f8"),          # actor: sending (an unroll; a request's part not waited)
     ("param_wait_s", "f8"),    # actor: waiting for the learner's reply to an unroll
+                               # (impala --param-delivery broadcast: and copying in the
+                               # newest broadcast, which its thread received meanwhile)
     ("batch_wait_s", "f8"),    # inference: waiting for requests to fill a batch
     ("reply_s", "f8"),         # inference: sending actions back
     ("data_wait_s", "f8"),     # learner: waiting for unrolls

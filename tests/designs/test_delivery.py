@@ -1,0 +1,77 @@
+"""--param-delivery broadcast (mpirl.kit.delivery): parameters to impala's actors by one
+broadcast through the topology, under a real mpiexec; in the check script, in impala runs
+against the per-actor push, and its refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import train
+from mpirun import ROOT, run_mpi
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 5, 8])
+def test_every_actor_takes_each_broadcast_bit_exact(nranks):
+    result = run_mpi(nranks, ["tests/mpi/check_delivery.py"], timeout_s=180, check=False)
+    lines = result.output.splitlines()
+    for spec in ("ring", "tree", "native", "star", "hierarchical:ring:2"):
+        assert (f"OK {spec}: every actor takes versions in order, bit-exact, and ends with "
+                "the last one") in lines, result.tail()
+    assert "OK no STOP from the publisher: the subscriber's close is deadline-bound" in lines
+    assert result.returncode == 0, result.tail()
+
+
+def learner_bytes(run_dir) -> int:
+    with h5py.File(run_dir / "rank0000.h5", "r") as f:
+        return int(f["updates"]["bytes_sent"].sum())
+
+
+def test_a_broadcast_leaves_the_learner_once_not_once_per_actor(tmp_path):
+    """5 ranks, one learner, 4 actors, a parameter refresh every update: ring's chain
+    sends the learner's copy once (to the next actor), the push four times."""
+    run = ["--mode", "impala", "--total-steps", "4000", "--topology", "ring"]
+    _, push = train(tmp_path, 5, *run, name="push")
+    _, cast = train(tmp_path, 5, *run, "--param-delivery", "broadcast", name="cast")
+    assert push["broadcasts_sent"] == push["broadcasts_received"] == 0
+    assert 0 < cast["broadcasts_sent"] <= cast["updates"]
+    assert cast["broadcasts_received"] == 4 * cast["broadcasts_sent"]      # the ledger's
+    assert cast["unrolls_sent"] == cast["unrolls_used"] + cast["unrolls_dropped"]
+    per_update = {name: learner_bytes(tmp_path / name) / s["updates"]
+                  for name, s in (("push", push), ("cast", cast))}
+    assert per_update["cast"] < 0.4 * per_update["push"], per_update
+    for r in range(1, 5):
+        with h5py.File(tmp_path / "cast" / f"rank{r:04d}.h5", "r") as f:
+            versions = f["updates"]["param_version"][:]
+            assert (np.diff(versions) >= 0).all() and versions[-1] > 1
+            assert f["updates"]["bytes_recv"].sum() > 0          # the broadcasts' bytes
+
+
+def test_two_learners_each_broadcast_to_their_actors(tmp_path):
+    """5 ranks, learners 0 and 1 (actors 2, 4 and 3), a tree every 2 updates."""
+    _, s = train(tmp_path, 5, "--mode", "impala", "--learners", "2", "--topology", "tree",
+                 "--param-delivery", "broadcast", "--param-refresh", "updates",
+                 "--refresh-every", "2", "--total-steps", "4000")
+    assert 0 < s["broadcasts_sent"] <= s["updates"]              # both learners' together
+    assert s["broadcasts_received"] > s["broadcasts_sent"]
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--param-delivery", "bcast"], "param_delivery='bcast'"),
+    (["--param-delivery", "broadcast", "--param-refresh", "episode"],
+     "param_refresh='episode' is one actor's; allowed with broadcast"),
+    (["--mode", "sync", "--param-delivery", "broadcast"],
+     "param_delivery='broadcast' is not taken by mode='sync'"),
+    (["--param-delivery", "broadcast", "--compress", "fp16"],
+     "compress='fp16' compresses a topology's allreduce, and this run has none"),
+])
+def test_delivery_refusals_are_one_line(flags, fragment):
+    done = subprocess.run([sys.executable, "-m", "mpirl.run", "--mode", "impala", *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], done.stderr
