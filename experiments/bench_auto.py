@@ -97,9 +97,7 @@ def main() -> int:
                                        "Allreduce in ms (mpirl.bench, best of "
                                        f"{args.rounds} rounds, all side by side within "
                                        "each size).", ""]
-    lifecycle.down(NAME)
-    spec = lifecycle.up(NAME, NODES, "off", SUBNET)
-    try:
+    with lifecycle.owned(NAME, NODES, SUBNET) as spec:
         for rate in args.rates:
             net.set_rate(spec, rate)
             print(f"== {rate} ({time.monotonic() - started:.0f} s)", flush=True)
@@ -113,8 +111,6 @@ def main() -> int:
             lines = table(out / f"auto-{rate}.h5", auto, rate)
             print("\n".join(lines), flush=True)
             text += lines
-    finally:
-        lifecycle.down(NAME)
     (out / "results.md").write_text("\n".join(text) + "\n")
     print(f"done in {time.monotonic() - started:.0f} s: {out}/results.md")
     return 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -85,7 +84,7 @@ def main() -> int:
 
     import topologies
     from mpirl.cluster import lifecycle, net
-    from mpirl.cluster.launch import mpiexec_argv, run as run_on
+    from mpirl.cluster.launch import json_job, run as run_on
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,9 +99,7 @@ def main() -> int:
     started = time.monotonic()
     for nodes, per_node in layouts:
         ranks = nodes * per_node
-        lifecycle.down(NAME)
-        spec = lifecycle.up(NAME, nodes, "off", SUBNET)
-        try:
+        with lifecycle.owned(NAME, nodes, SUBNET) as spec:
             for rate in rates:
                 net.set_rate(spec, rate)
                 tag = f"{nodes}n-{ranks}r-{rate}"
@@ -118,16 +115,11 @@ def main() -> int:
                     return 1
                 for topology in topologies.names():
                     before = net.link_bytes(spec)
-                    argv, env = mpiexec_argv(spec, ranks, per_node,
-                                             ["python", __file__, "--probe", topology,
-                                              "--calls", str(args.calls)])
-                    done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                                          timeout=900)
+                    timing = json_job(spec, ranks, per_node,
+                                      ["python", __file__, "--probe", topology, "--calls",
+                                       str(args.calls)], f"bench_cluster: probe {topology}",
+                                      timeout_s=900, one_blas_thread=False)
                     after = net.link_bytes(spec)
-                    if done.returncode != 0:
-                        print(done.stderr[-2000:], file=sys.stderr)
-                        return 1
-                    timing = json.loads(done.stdout.strip().splitlines()[-1])
                     row = {"nodes": nodes, "ranks": ranks, "ranks_per_node": per_node,
                            "rate": rate, "topology": topology, "bytes": PROBE_BYTES,
                            "calls": args.calls + 1, **timing,
@@ -142,8 +134,6 @@ def main() -> int:
                     print(f"   {topology:10} {timing['median_s'] * 1e3:8.1f} ms per 4 MiB; "
                           f"node0 sent {row['sent']['node0'] / 2**20:7.1f} MiB, node1 "
                           f"{row['sent']['node1'] / 2**20:7.1f} MiB", flush=True)
-        finally:
-            lifecycle.down(NAME)
     print(f"done in {time.monotonic() - started:.0f} s: {out}/")
     return 0
 

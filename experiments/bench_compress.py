@@ -24,7 +24,6 @@ Writes ``results.md``, ``learning.png`` and the raw files under ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -53,16 +52,14 @@ SECTIONS = ("cluster", "compute", "learning")
 
 def on_cluster(out: Path, rounds: int, calls: int) -> list[str]:
     from mpirl.cluster import lifecycle, net
-    from mpirl.cluster.launch import mpiexec_argv, run as run_on
+    from mpirl.cluster.launch import json_job, run as run_on
     from mpirl.telemetry.read import load_bench
 
     lines = ["## On the emulated cluster: 4 nodes x 1 rank", "",
              f"`mpirl.bench` allreduce, ms, best of {rounds} rounds, side by side within each "
              "size; in brackets the time over the same topology uncompressed. Link: MiB "
              f"sent by node 0 per 4 MiB allreduce (median of {calls} calls).", ""]
-    lifecycle.down(NAME)
-    spec = lifecycle.up(NAME, NODES, "off", SUBNET)
-    try:
+    with lifecycle.owned(NAME, NODES, SUBNET) as spec:
         for rate in RATES:
             net.set_rate(spec, rate)
             bench = out / f"bench-{rate}.h5"
@@ -79,15 +76,10 @@ def on_cluster(out: Path, rounds: int, calls: int) -> list[str]:
                 "4 MiB probe |", "|---|" + "---|" * (len(t.index) + 2)]
             for topology in SPECS:
                 before = net.link_bytes(spec)
-                argv, env = mpiexec_argv(spec, NODES, 1, ["python", str(PROBE), "--probe",
-                                                          topology, "--calls", str(calls)])
-                done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                                      timeout=900)
+                median = json_job(spec, NODES, 1, ["python", str(PROBE), "--probe", topology,
+                                                   "--calls", str(calls)],
+                                  f"bench_compress: probe {topology}", timeout_s=900)["median_s"]
                 after = net.link_bytes(spec)
-                if done.returncode != 0:
-                    raise SystemExit(f"bench_compress: probe {topology} failed:\n"
-                                     + done.stderr[-2000:])
-                median = json.loads(done.stdout.strip().splitlines()[-1])["median_s"]
                 sent = (after["node0"]["sent"] - before["node0"]["sent"]) / (calls + 1)
                 plain = topology.split(":")[-1]
                 cells = [f"{t.loc[s, topology]:.3f} ({t.loc[s, topology] / t.loc[s, plain]:.2f})"
@@ -96,8 +88,6 @@ def on_cluster(out: Path, rounds: int, calls: int) -> list[str]:
                              + f" | {sent / 2**20:.2f} MiB | {median * 1e3:.1f} ms |")
                 print(lines[-1], flush=True)
             lines.append("")
-    finally:
-        lifecycle.down(NAME)
     return lines
 
 

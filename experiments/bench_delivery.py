@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,31 +126,21 @@ def main() -> int:
         worker(args.trials, args.mib[0])
         return 0
     from mpirl.cluster import lifecycle, net
-    from mpirl.cluster.launch import mpiexec_argv
+    from mpirl.cluster.launch import json_job
 
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    lifecycle.down(NAME)
-    spec = lifecycle.up(NAME, NODES, "off", SUBNET)
-    try:
+    with lifecycle.owned(NAME, NODES, SUBNET) as spec:
         for rate in RATES:
             net.set_rate(spec, rate)
             for mib in args.mib:
-                argv, env = mpiexec_argv(spec, NODES, 1, [
-                    "python", str(Path(__file__).resolve()), "--worker", "--trials",
-                    str(args.trials), "--mib", str(mib)])
-                env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"
-                done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                                      timeout=1200)
-                if done.returncode != 0:
-                    raise SystemExit(f"bench_delivery: the {rate} {mib} MiB job failed:\n"
-                                     + done.stderr[-2000:])
                 key = f"{rate}, {mib:g} MiB"
-                results[key] = json.loads(done.stdout.strip().splitlines()[-1])
+                results[key] = json_job(spec, NODES, 1, [
+                    "python", str(Path(__file__).resolve()), "--worker", "--trials",
+                    str(args.trials), "--mib", str(mib)], f"bench_delivery: the {key} job",
+                    timeout_s=1200)
                 print(key, results[key]["median_s"], flush=True)
-    finally:
-        lifecycle.down(NAME)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     write(out, results, args)
     return 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -100,32 +99,21 @@ def main() -> int:
         worker(args.steps, args.batches[0], args.bucket_mb)
         return 0
     from mpirl.cluster import lifecycle, net
-    from mpirl.cluster.launch import mpiexec_argv
+    from mpirl.cluster.launch import json_job
 
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    lifecycle.down(NAME)
-    spec = lifecycle.up(NAME, NODES, "off", SUBNET)
-    try:
+    with lifecycle.owned(NAME, NODES, SUBNET) as spec:
         for rate in RATES:
             net.set_rate(spec, rate)
             for batch in args.batches:
-                argv, env = mpiexec_argv(spec, NODES, 1, [
+                key = f"{rate}, batch {batch}"
+                results[key] = json_job(spec, NODES, 1, [
                     "python", str(Path(__file__).resolve()), "--worker", "--steps",
                     str(args.steps), "--batches", str(batch), "--bucket-mb",
-                    str(args.bucket_mb)])
-                env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"
-                done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                                      timeout=900)
-                if done.returncode != 0:
-                    raise SystemExit(f"bench_overlap: the {rate} job failed:\n"
-                                     + done.stderr[-2000:])
-                key = f"{rate}, batch {batch}"
-                results[key] = json.loads(done.stdout.strip().splitlines()[-1])
+                    str(args.bucket_mb)], f"bench_overlap: the {key} job", timeout_s=900)
                 print(key, results[key]["median"], flush=True)
-    finally:
-        lifecycle.down(NAME)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     write(out, results, args)
     return 0

@@ -187,8 +187,9 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            serving=lambda cfg: ("learner", *("replay",) * cfg.replay_ranks),
            experience_role="actor", learner="replay",
            deciding=lambda cfg, size: list(range(1 + cfg.replay_ranks)),
-           ledgers=("transitions", "lag"), lagged=True,
-           options=("replay_ranks", "train_intensity", "actor_refresh_steps")),
+           ledgers=("transitions", "lag", "delivery"), lagged=True,
+           options=("replay_ranks", "train_intensity", "actor_refresh_steps",
+                    "param_delivery", "refresh_every")),
     Design("gorila", "mpirl.designs.gorila:run_gorila",
            "ranks 0..S-1 hold parameter shards (--servers S), the others learn n-step "
            "double DQN from a local replay or replay ranks (--gorila-replay): Gorila",

@@ -126,6 +126,21 @@ def mpiexec_argv(spec: Cluster, nranks: int, per_node: int | None, command: list
     return on_login(spec, argv), job_env(spec, mpi, hosts, per_node)
 
 
+def json_job(spec: Cluster, nranks: int, per_node: int | None, command: list[str],
+             what: str, *, timeout_s: float, one_blas_thread: bool = True) -> dict:
+    """Run ``command`` across the cluster, its output captured (a benchmark's worker), and
+    return the JSON object its last line of stdout holds; exits naming ``what`` and the
+    end of its stderr when it fails.  ``one_blas_thread``: OpenBLAS and OpenMP use one
+    thread per rank (the emulated nodes share the machine's cores)."""
+    argv, env = mpiexec_argv(spec, nranks, per_node, command)
+    if one_blas_thread:
+        env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed:\n" + done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
         mpi: str = "mpich", ulfm: bool = False, timeout_s: float | None = None) -> int:
     """Run ``command`` across the cluster, in the foreground; its exit status (124 when

@@ -4,6 +4,7 @@ its network (:mod:`.net`) and its Slurm (:mod:`.slurm`) together.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -112,6 +113,18 @@ exec ip netns exec "{spec.name}-$host" unshare --uts -- \\
 
 
 # -- down --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def owned(name: str, nodes: int, subnet: str):
+    """A cluster of a script's own: whatever is left of ``name`` taken down, the cluster
+    brought up uncapped and yielded, and taken down at the end, also on error."""
+    down(name)
+    spec = up(name, nodes, "off", subnet)
+    try:
+        yield spec
+    finally:
+        down(name)
+
+
 def down(name: str) -> list[str]:
     """Remove cluster ``name``: its daemons and every process in its namespaces, the
     namespaces (and with them the links) and the state directory.  Idempotent: returns

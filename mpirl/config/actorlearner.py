@@ -26,13 +26,15 @@ class ActorLearnerFields:
         "'unroll' (every unroll, the paper), 'updates' (once the learner is "
         "--refresh-every updates ahead of the actor's copy), 'episode' (when one of the "
         "actor's episodes ended in the unroll: fetch before the next game)", default="unroll")
-    refresh_every: int = doc("impala, --param-refresh updates: K", default=1)
+    refresh_every: int = doc("impala --param-refresh updates, apex --param-delivery "
+                             "broadcast: K learner updates between refreshes", default=1)
     param_delivery: str = doc(
-        "impala: how fresh parameters reach the actors: 'push' (each actor's reply carries "
+        "impala, apex: how fresh parameters reach the actors: 'push' (each actor's reply carries "
         "its own copy: the learner's link sends actors x n bytes) or 'broadcast' (one "
         "bcast through --topology over the learner and its actors, on a thread at each "
         "end: ring = a pipelined chain, tree = a binomial tree; every --refresh-every "
-        "updates, every update with --param-refresh unroll)", default="push")
+        "updates, every update with impala's --param-refresh unroll; apex's actors take "
+        "the newest at their --actor-refresh-steps)", default="push")
     max_policy_lag: int = doc("impala/seed/ga3c: unrolls whose parameters are more than "
                                "this many updates old are dropped (counted); 0 = no bound",
                                default=0)
@@ -59,6 +61,10 @@ class ActorLearnerFields:
 def check_actor_learner(cfg, world_size: int) -> None:
     choice("param_refresh", cfg.param_refresh, REFRESH)
     choice("param_delivery", cfg.param_delivery, DELIVERY)
+    if cfg.mode == "apex" and cfg.param_delivery == "push" and cfg.refresh_every != 1:
+        raise ConfigError(f"refresh_every={cfg.refresh_every} times apex's broadcasts, and "
+                          "this run pushes (its actors pull every --actor-refresh-steps); "
+                          "allowed: --param-delivery broadcast, or refresh_every 1")
     if cfg.param_delivery == "broadcast" and cfg.param_refresh == "episode":
         raise ConfigError("param_delivery='broadcast' reaches every actor at once, and "
                           "param_refresh='episode' is one actor's; allowed with broadcast: "

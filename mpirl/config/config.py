@@ -57,11 +57,11 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
     @property
     def uses_topology(self) -> bool:
         """``--topology`` plays a part: the design allreduces (or is the star's server), or
-        impala's several learners combine their gradients with it, or its learners
-        broadcast parameters through it (``--param-delivery broadcast``)."""
+        impala's several learners combine their gradients with it, or learners broadcast
+        parameters through it (impala's and apex's ``--param-delivery broadcast``)."""
         use = self.design.topology_use
-        return use in ("allreduce", "star") or (use == "learners" and (
-            self.learners > 1 or self.param_delivery == "broadcast"))
+        return (use in ("allreduce", "star") or (use == "learners" and self.learners > 1)
+                or self.param_delivery == "broadcast")
 
     @property
     def topology_spec(self) -> str:

@@ -18,7 +18,8 @@ What travels (:mod:`mpirl.parts.transitions`; each message one contiguous record
   the replay answers with a short acknowledgement, so an actor has one block in flight;
 * actor -> learner, every ``--actor-refresh-steps`` env steps: a parameter request
   carrying the env steps, episodes and returns since the last one; the reply is the
-  learner's parameters (taken at the actor's next refresh point: one in flight);
+  learner's parameters (taken at the actor's next refresh point: one in flight; with
+  ``--param-delivery broadcast`` only its version, :mod:`mpirl.kit.delivery`);
 * learner <-> replay: a sample request (the previous batch's new priorities, the beta
   to weight with) and its reply, a batch of ``--replay-batch`` transitions with their
   slots, stamps and importance-sampling weights.  The learner keeps one request in
@@ -53,9 +54,10 @@ from topologies.paramserver import DeadlineExceeded
 
 from ..config import Config
 from ..kit import ledger
-from ..kit.actorlearner import (REPLY_META, TAG_PARAMS, TAG_STOP, AccountingError,
-                                ParamService, actor_counts, end_run, params_reply)
+from ..kit.actorlearner import (AccountingError, ParamService, actor_counts, end_run,
+                                params_reply, take_reply)
 from ..kit.book import Book
+from ..kit.delivery import Delivery, open_ends
 from ..kit.common import Episodes, Summary, build_dqn, start_replica
 from ..kit.replayservice import BlockSender, ReplayRank, SampleClient
 from ..parts.actor import Actor
@@ -80,22 +82,22 @@ def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     layout = TransitionLayout(learner.obs_space.shape, cfg.rollout_steps * cfg.num_envs,
                               cfg.replay_batch, learner.action_shape)
     actors = list(range(first_actor, size))
+    ends = open_ends(cfg, comm, None if 0 < rank < first_actor else 0, rank == 0,
+                     learner.params.size)        # --param-delivery broadcast: to the actors
     if rank == 0:
-        part = ApexLearner(cfg, comm, learner, layout, actors, run_dir)
+        part = ApexLearner(cfg, comm, learner, layout, actors, run_dir, ends)
     elif rank < first_actor:    # replay r holds actors r - 1, r - 1 + R, ... (after them)
-        part = ReplayRank(cfg, comm, layout,
-                          [a for a in actors if 1 + (a - first_actor) % shards == rank], [0],
-                          run_dir)
+        served = [a for a in actors if 1 + (a - first_actor) % shards == rank]
+        part = ReplayRank(cfg, comm, layout, served, [0], run_dir)
     else:
-        part = ApexActor(cfg, comm, learner, actor, layout, replay=1 + (rank - first_actor)
-                         % shards, index=rank - first_actor, run_dir=run_dir)
+        part = ApexActor(cfg, comm, learner, actor, layout, 1 + (rank - first_actor) % shards,
+                         rank - first_actor, run_dir, ends)
     part.run()
     summary = Summary.of(cfg, size, learner)
     if rank == 0:               # the learner: the lag of every transition it trained on
         part.fill(summary)
     return end_run(summary, comm, part, run_dir, lags=part.lags if rank == 0 else (),
-                   invariants=ledger.TRANSITIONS,
-                   extra=("env_steps", "transitions_sampled"))
+                   invariants=ledger.TRANSITIONS, extra=("env_steps", "transitions_sampled"))
 
 
 class ApexActor:
@@ -103,9 +105,11 @@ class ApexActor:
     ship them to the replay; refresh the parameters every ``--actor-refresh-steps``."""
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learner: DqnLearner, actor: Actor,
-                 layout: TransitionLayout, replay: int, index: int, run_dir: Path) -> None:
+                 layout: TransitionLayout, replay: int, index: int, run_dir: Path,
+                 delivery: Delivery) -> None:
         self.cfg, self.comm, self.learner, self.actor, self.layout = (cfg, comm, learner,
                                                                       actor, layout)
+        self.delivery = delivery
         n_actors = comm.Get_size() - 1 - cfg.replay_ranks
         self.greediest = index == n_actors - 1      # its returns judge --target-return
         generator = torch.Generator().manual_seed(cfg.seed + 10000 * comm.Get_rank() + 1)
@@ -120,7 +124,7 @@ class ApexActor:
         self.version = -1
         self.phases: dict[str, float] = {}
         self.log = RunLogger(cfg, comm, run_dir, role="actor")
-        self.log.watch(self.to_replay, self.to_learner, waits=())
+        self.log.watch(self.to_replay, self.to_learner, *delivery.watched, waits=())
 
     def run(self) -> None:
         cfg, timer = self.cfg, PhaseTimer()
@@ -142,6 +146,7 @@ class ApexActor:
                     inserted=self.layout.block_size))
                 guard.beat(blocks, "between blocks")
             self.to_replay.leave(timer)       # the learner said STOP
+            self.delivery.close(timeout_s=cfg.wait_timeout_s)    # its last broadcast, if any
         add_phases(self.phases, timer.take())
 
     def _ship(self, rollout, timer) -> None:
@@ -177,20 +182,14 @@ class ApexActor:
         return True
 
     def _take_params(self, timer) -> bool:
-        with timer("param_wait_s"):
-            tag, _ = self.to_learner.wait_reply(self.reply, timeout_s=self.cfg.wait_timeout_s)
-        if tag == TAG_STOP:
-            return False
-        if tag != TAG_PARAMS:
-            raise AccountingError(f"rank {self.comm.Get_rank()}: unexpected reply tag {tag}")
-        self.learner.params[:] = self.reply[0]["params"]
-        self.version = int(self.reply[0]["meta"][REPLY_META["version"]])
-        return True
+        version = take_reply(self.to_learner, self.reply, self.learner.params, self.delivery,
+                             self.version, timer, self.cfg.wait_timeout_s)
+        self.version = self.version if version is None else version
+        return version is not None
 
     def counts(self) -> dict:
         return actor_counts(self.phases, transitions_sent=self.to_replay.transitions,
-                            env_steps=self.env_steps)
-
+                            env_steps=self.env_steps, **self.delivery.counts())
 
 
 class ApexLearner:
@@ -200,12 +199,15 @@ class ApexLearner:
     episodes = None      # it steps no envs
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learner: DqnLearner,
-                 layout: TransitionLayout, actors: list[int], run_dir: Path) -> None:
+                 layout: TransitionLayout, actors: list[int], run_dir: Path,
+                 delivery: Delivery) -> None:
         self.cfg, self.comm, self.learner, self.layout = cfg, comm, learner, layout
+        self.delivery = delivery
         self.shards = list(range(1, 1 + cfg.replay_ranks))
         self.samplers = {s: SampleClient(comm, s, layout, cfg.wait_timeout_s)
                          for s in self.shards}
-        self.params = ParamService(comm, actors, REQUEST_META, learner.params.size)
+        self.params = ParamService(comm, actors, REQUEST_META, learner.params.size,
+                                   pushes=delivery.pushes)
         self.version = 0
         # judged on the greediest actor (epsilon ~ 0): the others explore by design
         self.book = Book(cfg, judges=1)
@@ -214,7 +216,8 @@ class ApexLearner:
         self.phases: dict[str, float] = {}
         self.progress = Progress(run_dir, enabled=True)
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
-        self.log.watch(self.params.channel, *self.samplers.values(), waits=())
+        self.log.watch(self.params.channel, *self.samplers.values(), *delivery.watched,
+                       waits=())
         # which batch or parameter request was taken next: recorded, or enforced
         self.schedule = Schedule(run_dir, 0, cfg.replay_schedule)
 
@@ -297,6 +300,8 @@ class ApexLearner:
         self.version += 1
         learner.update_target(self.version)
         sampler.owe(*slots, td)                # sent with the next request (one batch late)
+        with timer("publish_s"):                # --param-delivery broadcast: every K
+            self.delivery.offer_every(learner.params, self.version, cfg.refresh_every)
         add_phases(self.phases, self.log.record(
             self.version, timer, param_version=self.version,
             policy_lag=float(np.mean(lag)), policy_lag_max=int(max(lag)),
@@ -333,8 +338,7 @@ class ApexLearner:
 
     def _publish(self, actor: int, timer) -> None:
         with timer("publish_s"):
-            self.params.answer(actor, self.version,
-                               None if self.stopping else self.learner.params)
+            self.params.answer(actor, self.version, self.learner.params, stop=self.stopping)
 
     def _check_stop(self) -> None:
         self.book.judge()
@@ -344,6 +348,7 @@ class ApexLearner:
         """STOP every actor at its next request; then end every replay's channel."""
         self.stopping = True
         channel = self.params.channel
+        self.delivery.close(timeout_s=self.cfg.wait_timeout_s)   # STOP rung before replies
         while channel.pending():
             with timer("data_wait_s"):
                 actor = channel.wait_any(timeout_s=self.cfg.wait_timeout_s,
@@ -354,7 +359,8 @@ class ApexLearner:
         channel.close(timeout_s=self.cfg.wait_timeout_s)
 
     def counts(self) -> dict:
-        return {"priority_sent": sum(c.prio_sent for c in self.samplers.values())}
+        return {"priority_sent": sum(c.prio_sent for c in self.samplers.values()),
+                **self.delivery.counts(len(self.params.taken))}
 
     def fill(self, summary: Summary) -> None:
         summary.updates = self.version

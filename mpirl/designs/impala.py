@@ -40,10 +40,10 @@ from ..config import Config
 from ..kit import ledger
 from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError,
                                 UnrollQueue, VtraceTrainer, actor_counts, meta_nbytes,
-                                params_reply, end_run)
+                                params_reply, end_run, take_reply)
 from ..kit.book import Book
 from ..kit.common import Episodes, Summary, print_layout, start_replica
-from ..kit.delivery import Publisher, Subscriber, open_group
+from ..kit.delivery import Delivery, open_ends
 from ..parts.actor import ModelPolicy
 from ..parts.unroll import UNROLL_META, UnrollLayout
 from ..resilience.guard import Guard
@@ -52,9 +52,6 @@ from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 
-#: what the ledger checks at the end: unrolls, and (--param-delivery broadcast) broadcasts
-INVARIANTS = ledger.UNROLLS + ledger.REQUESTS + ledger.DELIVERY
-
 
 def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     rank, size, n_learners = comm.Get_rank(), comm.Get_size(), cfg.learners
@@ -62,8 +59,7 @@ def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     learner, actor = start_replica(cfg, comm, with_actor=not is_learner)
     learners_comm = comm.Split(0 if is_learner else MPI.UNDEFINED, rank)
     server = rank if is_learner else (rank - n_learners) % n_learners    # its learner
-    ends = (open_group(comm, server, is_learner, cfg.topology_spec, learner.params.size)
-            if cfg.param_delivery == "broadcast" else None)   # learner l -> its actors
+    ends = open_ends(cfg, comm, server, is_learner, learner.params.size)  # l -> its actors
     layout = UnrollLayout(cfg.rollout_steps, cfg.num_envs, learner.obs_space, learner.act_space)
     summary = Summary.of(cfg, size, learner)
     if is_learner:              # learner l serves actors l, l + L, l + 2L, ... (after them)
@@ -76,18 +72,17 @@ def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
         part.fill(summary)
         learners_comm.Free()
     summary.env_steps = comm.bcast(summary.env_steps, root=0)
-    return end_run(summary, comm, part, run_dir, lags=part.queue.lags if is_learner else (),
-                   invariants=INVARIANTS, extra=("broadcasts_sent",))
+    return end_run(summary, comm, part, run_dir, lags=part.queue.lags if is_learner else ())
 
 
 class ImpalaActor:
     """Roll out with the local copy, ship the unroll, take the reply to the previous one."""
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learner, actor, layout: UnrollLayout,
-                 server: int, run_dir: Path, subscriber: Subscriber | None = None) -> None:
+                 server: int, run_dir: Path, delivery: Delivery) -> None:
         self.cfg, self.comm, self.learner, self.actor, self.layout = (cfg, comm, learner,
                                                                       actor, layout)
-        self.subscriber = subscriber
+        self.delivery = delivery
         self.client = ChannelClient(comm, server)
         self.records = [layout.empty(), layout.empty()]   # one filling, one in flight
         self.reply = params_reply(learner.params.size)
@@ -102,8 +97,7 @@ class ImpalaActor:
         policy, timer = ModelPolicy(self.learner.model), PhaseTimer()
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
             self._take_reply(timer)                       # the learner's first parameters
-            log.watch(self.client, *([self.subscriber.topology] if self.subscriber else []),
-                      waits=(self.client,))
+            log.watch(self.client, *self.delivery.watched, waits=(self.client,))
             log.begin()
             in_flight = False
             while True:
@@ -122,9 +116,7 @@ class ImpalaActor:
                 add_phases(self.phases, log.record(
                     self.sent, timer, env_steps=cfg.steps_per_batch, param_version=acted_with))
                 guard.beat(self.sent, "between unrolls")
-            if self.subscriber is not None:
-                guard.at("waiting for the learner's last broadcast")
-                self.subscriber.close(timeout_s=cfg.wait_timeout_s)
+            self.delivery.close(timeout_s=cfg.wait_timeout_s)    # its last broadcast, if any
         add_phases(self.phases, timer.take())
 
     def _pack(self, record: np.ndarray, rollout, version: int, stop: bool) -> None:
@@ -146,26 +138,13 @@ class ImpalaActor:
 
     def _take_reply(self, timer) -> bool:
         """The learner's reply: fresh parameters (or not); False on STOP."""
-        with timer("param_wait_s"):
-            tag, _ = self.client.wait_reply(self.reply, timeout_s=self.cfg.wait_timeout_s)
-        if tag == TAG_STOP:
-            return False
-        if tag == TAG_PARAMS:
-            self.learner.params[:] = self.reply[0]["params"]
-            self.version = int(self.reply[0]["meta"][REPLY_META["version"]])
-        elif tag != TAG_KEEP:
-            raise AccountingError(f"rank {self.comm.Get_rank()}: unexpected reply tag {tag}")
-        if self.subscriber is not None:
-            with timer("param_wait_s"):          # a copy: the broadcast already landed
-                version = self.subscriber.take(self.learner.params)
-            if version is not None:
-                self.version = version
-        return True
+        version = take_reply(self.client, self.reply, self.learner.params, self.delivery,
+                             self.version, timer, self.cfg.wait_timeout_s)
+        self.version = self.version if version is None else version
+        return version is not None
 
     def counts(self) -> dict:
-        received = {} if self.subscriber is None else {
-            "broadcasts_received": self.subscriber.received}
-        return actor_counts(self.phases, unrolls_sent=self.sent, **received)
+        return actor_counts(self.phases, unrolls_sent=self.sent, **self.delivery.counts())
 
 
 class ImpalaLearner:
@@ -174,11 +153,11 @@ class ImpalaLearner:
     episodes = None      # it steps no envs
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learners_comm: MPI.Comm, learner, layout,
-                 actors: list[int], run_dir: Path, publisher: Publisher | None = None) -> None:
+                 actors: list[int], run_dir: Path, delivery: Delivery) -> None:
         self.cfg, self.comm, self.sub, self.learner, self.layout = (cfg, comm, learners_comm,
                                                                     learner, layout)
         self.actors = actors
-        self.publisher = publisher
+        self.delivery = delivery
         #: --param-delivery broadcast: updates between broadcasts
         self.broadcast_every = 1 if cfg.param_refresh == "unroll" else cfg.refresh_every
         exchange = (topologies.get(cfg.topology_spec)(learners_comm)
@@ -203,7 +182,7 @@ class ImpalaLearner:
         self.log = RunLogger(cfg, comm, run_dir, role="learner")
         # replies and unrolls, and the exchange among learners
         self.log.watch(self.server, *filter(None, [self.trainer.exchange]),
-                       *([publisher.topology] if publisher else []), waits=())
+                       *delivery.watched, waits=())
         # which unroll was taken when: recorded, or enforced (--replay-schedule)
         self.schedule = Schedule(run_dir, comm.Get_rank(), cfg.replay_schedule)
 
@@ -278,16 +257,14 @@ class ImpalaLearner:
     def _broadcast(self, timer) -> None:
         """--param-delivery broadcast: start one every ``broadcast_every`` updates (once
         the one in flight has left this learner)."""
-        publisher = self.publisher
-        if publisher is not None and self.version - publisher.delivered >= self.broadcast_every:
-            with timer("publish_s"):
-                publisher.offer(self.learner.params, self.version)
+        with timer("publish_s"):
+            self.delivery.offer_every(self.learner.params, self.version, self.broadcast_every)
 
     def _publish(self, actor: int, timer, initial: bool = False, wants: bool = False) -> None:
         """Answer ``actor``: with the parameters when the refresh policy says so (with
         --param-delivery broadcast, only the first time: then they come by broadcast)."""
         cfg, reply = self.cfg, self.replies[actor]
-        fresh = initial or self.publisher is None and {"unroll": True, "episode": wants,
+        fresh = initial or self.delivery.pushes and {"unroll": True, "episode": wants,
                             "updates": self.version - self.held[actor] >= cfg.refresh_every
                             }[cfg.param_refresh]
         with timer("publish_s"):
@@ -323,8 +300,7 @@ class ImpalaLearner:
     def _drain(self, timer) -> None:
         """Take every actor's last unroll, answer it with STOP; what is queued is dropped."""
         server, before = self.server, self.book.env_steps
-        if self.publisher is not None:   # STOP rung before the actors hear it in a reply
-            self.publisher.close(timeout_s=self.cfg.wait_timeout_s)
+        self.delivery.close(timeout_s=self.cfg.wait_timeout_s)   # STOP rung before replies
         while server.pending():
             with timer("data_wait_s"):
                 actor = server.wait_any(timeout_s=self.cfg.wait_timeout_s, only=server.pending())
@@ -356,10 +332,8 @@ class ImpalaLearner:
             raise AccountingError(f"learners' parameters diverged: {digests}")
 
     def counts(self) -> dict:
-        sent = {} if self.publisher is None else {
-            "broadcasts_sent": self.publisher.broadcasts,
-            "broadcast_copies": self.publisher.broadcasts * len(self.actors)}
-        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped, **sent}
+        return {"unrolls_used": self.queue.used, "unrolls_dropped": self.queue.dropped,
+                **self.delivery.counts(len(self.actors))}
 
 
 __all__ = ["ImpalaActor", "ImpalaLearner", "run_impala"]

@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from topologies.channels import ChannelServer, as_bytes
+from topologies.channels import ChannelClient, ChannelServer, as_bytes
 
 from ..errors import AccountingError  # noqa: F401 (the designs raise it from here too)
 from ..parts.records import Fields
@@ -56,11 +56,14 @@ class ParamService:
     receives it, long after it was sent)."""
 
     def __init__(self, comm: MPI.Comm, actors: list[int], fields: Fields,
-                 n_params: int) -> None:
+                 n_params: int, pushes: bool = True) -> None:
         self.channel = ChannelServer(comm, actors, 8 * len(fields))
         self.fields = fields
         self.replies = {a: params_reply(n_params) for a in actors}
         self.taken = {a: 0 for a in actors}
+        #: False (--param-delivery broadcast): only an actor's first answer carries them
+        self.pushes = pushes
+        self._first = set(actors)
 
     def request(self, actor: int) -> np.ndarray:
         """``actor``'s request record (float64), counted: it must be its next one."""
@@ -69,13 +72,18 @@ class ParamService:
                               "request", "the learner")
         return meta
 
-    def answer(self, actor: int, version: int, params: np.ndarray | None) -> None:
-        """Send ``actor`` the parameters of ``version``, or STOP (``params`` None)."""
+    def answer(self, actor: int, version: int, params: np.ndarray, *,
+               stop: bool = False) -> None:
+        """Send ``actor`` the parameters of ``version`` (where they do not travel by
+        broadcast), or only the version, or STOP."""
         reply = self.replies[actor]
         reply[0]["meta"][REPLY_META["version"]] = version
-        if params is None:
-            self.channel.reply(actor, as_bytes(reply)[:meta_nbytes()], tag=TAG_STOP,
-                               last=True)
+        if not (self.pushes or actor in self._first):
+            params = None
+        self._first.discard(actor)
+        if stop or params is None:
+            self.channel.reply(actor, as_bytes(reply)[:meta_nbytes()],
+                               tag=TAG_STOP if stop else TAG_KEEP, last=stop)
         else:
             reply[0]["params"] = params
             self.channel.reply(actor, reply, tag=TAG_PARAMS)
@@ -177,6 +185,26 @@ def settle(summary: Summary, comm: MPI.Comm, counts: dict,
     return totals
 
 
+def take_reply(client: ChannelClient, reply: np.ndarray, params: np.ndarray, delivery,
+               version: int, timer, timeout_s: float) -> int | None:
+    """An actor's turn to hear from its learner: wait for the reply to its last message
+    and take the parameters it carries (``TAG_PARAMS``) or none (``TAG_KEEP``), then the
+    newest broadcast's, if one landed (``delivery``, :mod:`mpirl.kit.delivery`).  The
+    version of the parameters held now; None on STOP."""
+    with timer("param_wait_s"):
+        tag, _ = client.wait_reply(reply, timeout_s=timeout_s)
+    if tag == TAG_STOP:
+        return None
+    if tag == TAG_PARAMS:
+        params[:] = reply[0]["params"]
+        version = int(reply[0]["meta"][REPLY_META["version"]])
+    elif tag != TAG_KEEP:
+        raise AccountingError(f"unexpected reply tag {tag} from the learner")
+    with timer("param_wait_s"):        # a copy: the broadcast already landed
+        newest = delivery.take(params)
+    return version if newest is None else newest
+
+
 def actor_counts(phases: dict, **counts) -> dict:
     """An actor's counts: ``counts``, and its env and wall seconds."""
     return {**counts, "actor_env_s": phases.get("env_s", 0.0),
@@ -189,13 +217,14 @@ def end_run(summary: Summary, comm: MPI.Comm, part, run_dir, *, lags=(),
     """Every rank's end (collective): the mean of the last episodes of every role that
     steps envs (``part.episodes``), the policy lags of every learner (``lags``) into
     rank 0's summary, the ledger settled with this rank's bytes sent (:func:`settle`),
-    and ``part``'s log closed."""
+    the parameter broadcasts' with it (none where they are pushed: 0 = 0), and
+    ``part``'s log closed."""
     summary.final_mean_return = final_mean_return(comm, part.episodes)
     every = comm.gather(list(lags), root=0)
     if comm.Get_rank() == 0:
         record_lags(summary, run_dir, [lag for some in every for lag in some])
-    settle(summary, comm, {**part.counts(), "bytes_sent": part.log.bytes_sent()}, invariants,
-           extra)
+    settle(summary, comm, {**part.counts(), "bytes_sent": part.log.bytes_sent()},
+           invariants + ledger.DELIVERY, (*extra, "broadcasts_sent"))
     part.log.close(summary.totals())
     return summary
 

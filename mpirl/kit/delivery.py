@@ -46,8 +46,30 @@ TAG_DOORBELL = 71
 PAUSE_S = 1e-3
 
 
+class Push:
+    """``--param-delivery push``: no broadcasts (each reply carries the parameters); the
+    designs call it as they would an end of a broadcast, and nothing happens."""
+
+    pushes = True
+    watched: tuple = ()                          # no traffic of its own to log
+
+    def offer_every(self, params: np.ndarray, version: int, every: int) -> bool:
+        return False
+
+    def take(self, into: np.ndarray) -> int | None:
+        return None
+
+    def close(self, timeout_s: float | None) -> None:
+        return None
+
+    def counts(self, actors: int = 0) -> dict:
+        return {}
+
+
 class _Ends:
     """What both ends share: the topology over ``group``, the thread, its error."""
+
+    pushes = False
 
     def __init__(self, group: MPI.Comm, spec: str, name: str) -> None:
         self.group = group
@@ -55,6 +77,11 @@ class _Ends:
         self.topology = topologies.get(spec)(group)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._guarded, name=name, daemon=True)
+
+    @property
+    def watched(self) -> tuple:
+        """What the run log counts of this end's traffic (its broadcasts' bytes)."""
+        return (self.topology,)
 
     def _guarded(self) -> None:
         try:
@@ -111,6 +138,15 @@ class Publisher(_Ends):
         self._todo.put(version)
         return True
 
+    def offer_every(self, params: np.ndarray, version: int, every: int) -> bool:
+        """:meth:`offer` once ``version`` is ``every`` past the last broadcast started."""
+        return version - self.delivered >= every and self.offer(params, version)
+
+    def counts(self, actors: int = 0) -> dict:
+        """For the ledger: broadcasts started, and the copies ``actors`` should have got."""
+        return {"broadcasts_sent": self.broadcasts,
+                "broadcast_copies": self.broadcasts * actors}
+
     def close(self, timeout_s: float | None) -> None:
         """Let the broadcast in flight finish, ring STOP, end the thread."""
         self._todo.put(STOP)
@@ -158,6 +194,10 @@ class Subscriber(_Ends):
             self._fresh = False
             return self._version
 
+    def counts(self, actors: int = 0) -> dict:
+        """For the ledger: the broadcasts this actor joined."""
+        return {"broadcasts_received": self.received}
+
     def close(self, timeout_s: float | None) -> None:
         """Wait for the learner's STOP doorbell (rung before its last replies)."""
         self._join(timeout_s, "parameter broadcast: no STOP from the learner")
@@ -178,14 +218,32 @@ class Subscriber(_Ends):
             self.times.append((arrived, time.time()))
 
 
-def open_group(comm: MPI.Comm, color: int, publishes: bool, spec: str,
-               n_params: int) -> Publisher | Subscriber:
-    """This rank's end of the group ``color`` of ``comm`` (collective over ``comm``): one
-    publisher per color, rank 0 of its group; the group is freed when the end closes."""
-    group = comm.Split(color, 0 if publishes else comm.Get_rank() + 1)
+def open_group(comm: MPI.Comm, color: int | None, publishes: bool, spec: str,
+               n_params: int) -> Publisher | Subscriber | None:
+    """This rank's end of the group ``color`` of ``comm`` (collective over ``comm``; None:
+    in no group, no end): one publisher per color, rank 0 of its group; the group is
+    freed when the end closes."""
+    group = comm.Split(MPI.UNDEFINED if color is None else color,
+                       0 if publishes else comm.Get_rank() + 1)
+    if color is None:
+        return None
     end = (Publisher if publishes else Subscriber)(group, spec, n_params)
     end.owns_group = True
     return end
 
 
-__all__ = ["Publisher", "STOP", "Subscriber", "open_group"]
+#: what a design holds for its parameter delivery: an end of a broadcast, or the push
+Delivery = Publisher | Subscriber | Push
+
+
+def open_ends(cfg, comm: MPI.Comm, color: int | None, publishes: bool,
+              n_params: int) -> Delivery:
+    """:func:`open_group` over ``cfg``'s topology where ``cfg.param_delivery`` is
+    broadcast (collective over ``comm``; a rank in no group pushes nothing either);
+    :class:`Push` otherwise."""
+    if cfg.param_delivery != "broadcast":
+        return Push()
+    return open_group(comm, color, publishes, cfg.topology_spec, n_params) or Push()
+
+
+__all__ = ["Delivery", "Publisher", "Push", "STOP", "Subscriber", "open_ends", "open_group"]

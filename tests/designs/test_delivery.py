@@ -1,6 +1,7 @@
-"""--param-delivery broadcast (mpirl.kit.delivery): parameters to impala's actors by one
-broadcast through the topology, under a real mpiexec; in the check script, in impala runs
-against the per-actor push, and its refusals."""
+"""--param-delivery broadcast (mpirl.kit.delivery): parameters to impala's and apex's
+actors by one broadcast through the topology, under a real mpiexec; in the check script,
+in impala runs against the per-actor push, in apex past its replay ranks, and the
+refusals."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from conftest import train
 from mpirun import ROOT, run_mpi
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 5, 8])
+@pytest.mark.parametrize("nranks", [2, 3, 5])
 def test_every_actor_takes_each_broadcast_bit_exact(nranks):
     result = run_mpi(nranks, ["tests/mpi/check_delivery.py"], timeout_s=180, check=False)
     lines = result.output.splitlines()
@@ -34,7 +35,7 @@ def learner_bytes(run_dir) -> int:
 def test_a_broadcast_leaves_the_learner_once_not_once_per_actor(tmp_path):
     """5 ranks, one learner, 4 actors, a parameter refresh every update: ring's chain
     sends the learner's copy once (to the next actor), the push four times."""
-    run = ["--mode", "impala", "--total-steps", "4000", "--topology", "ring"]
+    run = ["--mode", "impala", "--total-steps", "2500", "--topology", "ring"]
     _, push = train(tmp_path, 5, *run, name="push")
     _, cast = train(tmp_path, 5, *run, "--param-delivery", "broadcast", name="cast")
     assert push["broadcasts_sent"] == push["broadcasts_received"] == 0
@@ -60,6 +61,19 @@ def test_two_learners_each_broadcast_to_their_actors(tmp_path):
     assert s["broadcasts_received"] > s["broadcasts_sent"]
 
 
+def test_apex_broadcasts_to_its_actors_past_the_replay_ranks(tmp_path):
+    """5 ranks: learner 0, replay 1, actors 2-4; a tree every 3 learner updates; the
+    actors take the newest at their refresh points."""
+    _, s = train(tmp_path, 5, "--mode", "apex", "--param-delivery", "broadcast",
+                 "--topology", "tree", "--refresh-every", "3", "--total-steps", "4000")
+    assert 0 < s["broadcasts_sent"] <= s["updates"] // 3
+    assert s["broadcasts_received"] == 3 * s["broadcasts_sent"]
+    assert s["transitions_sent"] == s["transitions_inserted"]
+    with h5py.File(tmp_path / "r" / "rank0004.h5", "r") as f:
+        versions = f["updates"]["param_version"][:]
+        assert (np.diff(versions) >= 0).all() and versions[-1] >= 3
+
+
 @pytest.mark.parametrize("flags, fragment", [
     (["--param-delivery", "bcast"], "param_delivery='bcast'"),
     (["--param-delivery", "broadcast", "--param-refresh", "episode"],
@@ -68,6 +82,8 @@ def test_two_learners_each_broadcast_to_their_actors(tmp_path):
      "param_delivery='broadcast' is not taken by mode='sync'"),
     (["--param-delivery", "broadcast", "--compress", "fp16"],
      "compress='fp16' compresses a topology's allreduce, and this run has none"),
+    (["--mode", "apex", "--refresh-every", "3"],
+     "refresh_every=3 times apex's broadcasts, and this run pushes"),
 ])
 def test_delivery_refusals_are_one_line(flags, fragment):
     done = subprocess.run([sys.executable, "-m", "mpirl.run", "--mode", "impala", *flags],
