@@ -114,7 +114,9 @@ class Publisher(_Ends):
         if group.Get_rank() != 0:
             raise ValueError("the publisher is rank 0 of its group")
         self.snapshot = np.empty(n_params, dtype=np.float32)
-        self.delivered = -1                       # version of the last broadcast started
+        #: version of the last broadcast started (0: the first parameters, which reach
+        #: the actors otherwise, before any broadcast)
+        self.delivered = 0
         self.broadcasts = 0
         self.busy_s = 0.0                         # doorbells + broadcasts, summed
         self._busy = threading.Event()
