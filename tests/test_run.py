@@ -46,15 +46,21 @@ def test_sync_run_writes_config_and_progress(tmp_path, name):
 def test_progress_of_an_actor_learner_design_shows_its_reporters_waiting(tmp_path, mode,
                                                                           role):
     """The reporting rank sees no worker's exchange: its line shows its own waiting share
-    (not a 0% exchange share), and progress.csv keeps it."""
+    (not a 0% exchange share) and the actors' (as their unrolls or requests said), and
+    progress.csv keeps both."""
     result = run_mpi(3, ["-m", "mpirl.run", "--mode", mode, "--total-steps", "2000",
                          "--log-every", "10", "--run-dir", str(tmp_path), "--run-name", "r"],
                      timeout_s=180)
     lines = [line for line in result.output.splitlines() if line.startswith("update")]
     assert lines and all(f"{role} waits" in line and " comm " not in line for line in lines)
+    assert all("actors wait" in line for line in lines[1:])
     rows = read_progress(tmp_path / "r")
     assert {r["wait_role"] for r in rows} == {role}
     assert all(0.0 <= float(r["wait_share"]) <= 1.0 for r in rows)
+    # each actor's share is of its own logged time: never more than all of it
+    assert all(0.0 <= float(r["actors_wait_share"]) <= 1.0 for r in rows[1:])
+    if mode == "seed":           # an actor waits for every step's actions: most of its time
+        assert float(rows[-1]["actors_wait_share"]) > 0.2
 
 
 def test_sync_run_learns_cartpole(tmp_path):

@@ -72,7 +72,8 @@ from ..telemetry.runlog import RunLogger
 from ..telemetry.schema import LOSSES
 from ..telemetry.timing import PhaseTimer, add_phases
 
-REQUEST_META = Fields("index", "env_steps", "episodes", "return_sum", "recent_mean", "stop")
+REQUEST_META = Fields("index", "env_steps", "episodes", "return_sum", "recent_mean",
+                      "stop", "wait_share")
 
 
 def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
@@ -120,8 +121,7 @@ class ApexActor:
         self.reply = params_reply(learner.params.size)
         self.episodes = Episodes()
         self.owed = np.zeros(3)           # env steps, episodes, return sum since a request
-        self.env_steps = self.requests = 0
-        self.version = -1
+        self.env_steps, self.requests, self.version = 0, 0, -1
         self.phases: dict[str, float] = {}
         self.log = RunLogger(cfg, comm, run_dir, role="actor")
         self.log.watch(self.to_replay, self.to_learner, *delivery.watched, waits=())
@@ -172,20 +172,19 @@ class ApexActor:
         """Take the reply to the last parameter request, send the next; False on STOP."""
         if self.to_learner.in_flight and not self._take_params(timer):
             return False
-        meta = self.request[0]["meta"]
-        recent = self.episodes.recent_mean()
+        recent = self.episodes.recent_mean() if self.greediest else None
         self.requests += 1
-        meta[:] = (self.requests, *self.owed,
-                   np.nan if recent is None or not self.greediest else recent, stop)
+        self.request[0]["meta"][:] = (self.requests, *self.owed, np.nan if recent is None
+                                      else recent, stop, self.log.waiting_share()[1])
         self.owed[:] = 0.0
         self.to_learner.send(self.request)
         return True
 
     def _take_params(self, timer) -> bool:
-        version = take_reply(self.to_learner, self.reply, self.learner.params, self.delivery,
-                             self.version, timer, self.cfg.wait_timeout_s)
-        self.version = self.version if version is None else version
-        return version is not None
+        alive, self.version = take_reply(self.to_learner, self.reply, self.learner.params,
+                                         self.delivery, self.version, timer,
+                                         self.cfg.wait_timeout_s)
+        return alive
 
     def counts(self) -> dict:
         return actor_counts(self.phases, transitions_sent=self.to_replay.transitions,
@@ -333,6 +332,7 @@ class ApexLearner:
         if not np.isnan(meta[q["recent_mean"]]):
             self.book.recent[actor] = float(meta[q["recent_mean"]])
         self.signalled = self.signalled or bool(meta[q["stop"]])
+        self.book.waits[actor] = float(meta[q["wait_share"]])
         self._check_stop()
         self._publish(actor, timer)
 

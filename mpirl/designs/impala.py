@@ -135,13 +135,14 @@ class ImpalaActor:
         meta[UNROLL_META["recent_mean"]] = np.nan if recent is None else recent
         meta[UNROLL_META["wants_params"]] = float(bool(finished))
         meta[UNROLL_META["stop"]] = float(stop)
+        meta[UNROLL_META["wait_share"]] = self.log.waiting_share()[1]   # since the last
 
     def _take_reply(self, timer) -> bool:
         """The learner's reply: fresh parameters (or not); False on STOP."""
-        version = take_reply(self.client, self.reply, self.learner.params, self.delivery,
-                             self.version, timer, self.cfg.wait_timeout_s)
-        self.version = self.version if version is None else version
-        return version is not None
+        alive, self.version = take_reply(self.client, self.reply, self.learner.params,
+                                         self.delivery, self.version, timer,
+                                         self.cfg.wait_timeout_s)
+        return alive
 
     def counts(self) -> dict:
         return actor_counts(self.phases, unrolls_sent=self.sent, **self.delivery.counts())
@@ -251,6 +252,7 @@ class ImpalaLearner:
                       for name in ("env_steps", "episodes", "return_sum", "stop")]
         if not np.isnan(meta[UNROLL_META["recent_mean"]]):
             self.recent[actor] = float(meta[UNROLL_META["recent_mean"]])
+        self.book.waits[actor] = float(meta[UNROLL_META["wait_share"]])
         self.queue.add(record, self.version)
         self._publish(actor, timer, wants=bool(meta[UNROLL_META["wants_params"]]))
 

@@ -186,15 +186,15 @@ def settle(summary: Summary, comm: MPI.Comm, counts: dict,
 
 
 def take_reply(client: ChannelClient, reply: np.ndarray, params: np.ndarray, delivery,
-               version: int, timer, timeout_s: float) -> int | None:
+               version: int, timer, timeout_s: float) -> tuple[bool, int]:
     """An actor's turn to hear from its learner: wait for the reply to its last message
     and take the parameters it carries (``TAG_PARAMS``) or none (``TAG_KEEP``), then the
-    newest broadcast's, if one landed (``delivery``, :mod:`mpirl.kit.delivery`).  The
-    version of the parameters held now; None on STOP."""
+    newest broadcast's, if one landed (``delivery``, :mod:`mpirl.kit.delivery`).  False
+    on STOP, else True; and the version of the parameters held now."""
     with timer("param_wait_s"):
         tag, _ = client.wait_reply(reply, timeout_s=timeout_s)
     if tag == TAG_STOP:
-        return None
+        return False, version
     if tag == TAG_PARAMS:
         params[:] = reply[0]["params"]
         version = int(reply[0]["meta"][REPLY_META["version"]])
@@ -202,7 +202,7 @@ def take_reply(client: ChannelClient, reply: np.ndarray, params: np.ndarray, del
         raise AccountingError(f"unexpected reply tag {tag} from the learner")
     with timer("param_wait_s"):        # a copy: the broadcast already landed
         newest = delivery.take(params)
-    return version if newest is None else newest
+    return True, version if newest is None else newest
 
 
 def actor_counts(phases: dict, **counts) -> dict:

@@ -25,6 +25,8 @@ class Book:
         self.env_steps = 0
         self.window = [0.0, 0.0]         # episodes, return sum since the last progress line
         self.recent: dict[int, float] = {}   # judge -> its recent mean return
+        #: actor -> its share of time waiting, as its last message said (the progress line)
+        self.waits: dict[int, float] = {}
         self.solved = False
 
     def add(self, env_steps: int, episodes: float, return_sum: float) -> None:
@@ -48,9 +50,11 @@ class Book:
         """One progress line (the mean of the last 100 ``lags``, policy lags or
         staleness, in its staleness column; the workers' ``comm_share``, or the
         reporting rank's own ``waiting`` (role, share) where it sees no one else's
-        time); a fresh window."""
+        time), and the mean of :attr:`waits` where actors told theirs; a fresh window."""
         recent = lags[-100:]
         progress.report(update=version, env_steps=self.env_steps, episodes=self.window[0],
                         return_sum=self.window[1], comm_share=comm_share, waiting=waiting,
+                        actors_waiting=(float(np.mean(list(self.waits.values())))
+                                        if self.waits else None),
                         mean_staleness=float(np.mean(recent)) if recent else 0.0)
         self.window = [0.0, 0.0]

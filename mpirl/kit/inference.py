@@ -40,7 +40,7 @@ from .actorlearner import (REPLY_META, TAG_ACTIONS, TAG_STOP, AccountingError, a
 from .book import Book
 from .common import Episodes, Summary, start_replica
 
-REQUEST_META = Fields("index", "stop")
+REQUEST_META = Fields("index", "stop", "wait_share")
 
 
 def request_record(num_envs: int, obs_space: gymnasium.Space) -> np.ndarray:
@@ -78,12 +78,14 @@ class RemotePolicy:
         self.version = -1
         self.stop = False                  # set by the actor's loop when signalled
         self.rtt_s = 0.0                   # summed since the last take
+        self.wait_share = 0.0              # the actor's, over its last logged rollout
 
     def act(self, obs: torch.Tensor):
         req = self.request[0]
         req["obs"] = obs.numpy()
         req["meta"][REQUEST_META["index"]] = self.sent + 1
         req["meta"][REQUEST_META["stop"]] = float(self.stop)
+        req["meta"][REQUEST_META["wait_share"]] = self.wait_share
         start = time.perf_counter()
         self.client.send(self.request)
         self.sent += 1
@@ -162,6 +164,7 @@ class SeedActor:
                     add_phases(self.phases, self.log.record(
                         rows, timer, env_steps=cfg.steps_per_batch, param_version=policy.version,
                         rtt_s=rtt / cfg.rollout_steps))
+                    policy.wait_share = self.log.waiting_share()[1]
                     guard.beat(rows, "between rollouts")
             except Stopped:
                 self._episodes(rows + 1)
@@ -308,6 +311,7 @@ class InferenceServer:
                 rows = slice(i * n, (i + 1) * n)
                 first = int(req["meta"][REQUEST_META["index"]]) == 1
                 signalled |= bool(req["meta"][REQUEST_META["stop"]])
+                self.book.waits[client] = float(req["meta"][REQUEST_META["wait_share"]])
                 done = self.assembler.step(client, req["obs"], req["reward"], req["done"],
                                            first, actions[rows], logp[rows], self.version)
                 if done is not None:

@@ -21,7 +21,7 @@ from .records import Fields
 
 #: the numbers an unroll carries besides its arrays (float64)
 UNROLL_META = Fields("version", "index", "env_steps", "episodes", "return_sum",
-                     "recent_mean", "wants_params", "stop", "rtt_s", "busy_s")
+                     "recent_mean", "wants_params", "stop", "rtt_s", "busy_s", "wait_share")
 
 
 @dataclass

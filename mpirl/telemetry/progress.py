@@ -10,7 +10,7 @@ from pathlib import Path
 from . import tensorboard
 
 COLUMNS = ("update", "env_steps", "wall_s", "episodes", "mean_return", "steps_per_s",
-           "comm_share", "mean_staleness", "wait_role", "wait_share")
+           "comm_share", "mean_staleness", "wait_role", "wait_share", "actors_wait_share")
 
 
 class Progress:
@@ -41,30 +41,35 @@ class Progress:
 
     def report(self, *, update: int, env_steps: int, episodes: float, return_sum: float,
                comm_share: float | None, mean_staleness: float = math.nan,
-               waiting: tuple[str, float] | None = None) -> None:
+               waiting: tuple[str, float] | None = None,
+               actors_waiting: float | None = None) -> None:
         """One line: ``comm_share`` is the workers' exchange share (the gradient
         designs); ``waiting`` the reporting rank's role and its share of time waiting for
         peers (designs whose reporting rank sees no one else's time: a learner, an
-        inference rank), printed as ``learner waits 23%``."""
+        inference rank), printed as ``learner waits 23%``; ``actors_waiting`` the mean
+        of the actors' own shares, as their last messages told (``actors wait 80%``)."""
         if not self.enabled:
             return
         comm_share = math.nan if comm_share is None else comm_share
         role, wait = waiting if waiting is not None else ("", math.nan)
+        actors = math.nan if actors_waiting is None else actors_waiting
         wall = time.perf_counter() - self.start
         mean = return_sum / episodes if episodes else math.nan
         rate = env_steps / wall if wall > 0 else math.nan
         episodes = int(episodes)
         self._csv.writerow([update, env_steps, f"{wall:.3f}", episodes, f"{mean:.3f}",
                             f"{rate:.1f}", f"{comm_share:.4f}", f"{mean_staleness:.3f}", role,
-                            f"{wait:.4f}"])
+                            f"{wait:.4f}", f"{actors:.4f}"])
         self._file.flush()
         stale = "" if math.isnan(mean_staleness) else f"  staleness {mean_staleness:5.2f}"
         tensorboard.scalars({"return/mean": mean, "throughput/env_steps_per_s": rate,
                              "exchange/comm_share": comm_share,
                              **({f"wait/{role}": wait} if role else {}),
+                             **({} if math.isnan(actors) else {"wait/actors": actors}),
                              "lag/mean": mean_staleness}, env_steps)
         share = f"  {role} waits {100 * wait:4.1f}%" if role else \
             ("" if math.isnan(comm_share) else f"  comm {100 * comm_share:4.1f}%")
+        share += "" if math.isnan(actors) else f"  actors wait {100 * actors:4.1f}%"
         print(f"update {update:6d}  steps {env_steps:9d}  return {mean:8.2f} "
               f"({episodes:3d} ep)  {rate:7.0f} steps/s{share}{stale}", flush=True)
 

@@ -22,6 +22,16 @@ from .timing import PhaseTimer
 WAITING = ("wait_s", "infer_wait_s", "param_wait_s", "batch_wait_s", "data_wait_s")
 
 
+def waited(row: dict) -> float:
+    """A row's seconds of waiting for peers: its role's waiting phases, or the watched
+    sources' ``wait_s`` where that is more (an async worker's waits are inside its
+    exchange; an actor's client waits inside its ``infer_wait_s`` or ``param_wait_s``,
+    so the two are not added)."""
+    own = sum(row[k] for k in WAITING[1:] if k in row and row[k] == row[k])
+    peer = row.get("wait_s", 0.0)
+    return max(own, peer if peer == peer else 0.0)
+
+
 class RunLogger:
     """The HDF5 log of one rank in one run: ``run.h5`` (rank 0) and ``rankNNNN.h5``.
 
@@ -128,7 +138,7 @@ class RunLogger:
         if tensorboard.active() and "policy_loss" in row:
             tensorboard.scalars({f"loss/{k.removesuffix('_loss')}": row[k] for k in LOSSES
                                  if k in row}, update)
-        self._seconds[0] += sum(row[k] for k in WAITING if k in row and row[k] == row[k])
+        self._seconds[0] += waited(row)
         self._seconds[1] += sum(phases.values()) + row["other_s"] + row["log_s"]
         self.log.add_update(row)            # (may flush)
         end = time.perf_counter()           # ... and one starts the next: rows tile time
