@@ -91,8 +91,9 @@ def describe(s: Summary) -> str:
     rate = s.env_steps / s.wall_s if s.wall_s else math.nan
     lines = [f"done: {s.updates} updates, {s.env_steps} env steps in {s.wall_s:.1f} s "
              f"({rate:.0f} steps/s); final mean return {s.final_mean_return:.1f}"]
+    unused = {"requests": not s.requests_sent, "delivery": not s.broadcasts_sent}
     lines += [LEDGER_LINES[ledger](s) for ledger in registry.design(s.mode).ledgers
-              if ledger in LEDGER_LINES and not (ledger == "requests" and not s.requests_sent)]
+              if ledger in LEDGER_LINES and not unused.get(ledger, False)]
     if s.ranks_failed:
         lines.append(f"survived the failure of rank(s) {s.ranks_failed}: finished with "
                      f"{s.ranks - len(s.ranks_failed)} of {s.ranks} ranks (--on-failure shrink)")
@@ -113,6 +114,8 @@ LEDGER_LINES: dict[str, Callable[[Summary], str]] = {
     "gradients": _gradients_line,
     "unrolls": lambda s: (f"unrolls: {s.unrolls_sent} sent = {s.unrolls_used} used + "
                           f"{s.unrolls_dropped} dropped"),
+    "delivery": lambda s: (f"parameter broadcasts: {s.broadcasts_sent} started, "
+                           f"{s.broadcasts_received} joined by actors"),
     "lag": lambda s: (f"policy lag mean {s.mean_policy_lag:.2f}, p95 {s.p95_policy_lag:.0f} "
                       f"updates; {s.bytes_per_env_step:.0f} bytes per env step; actors' env "
                       f"share {100 * s.actor_env_share:.1f}%"),
