@@ -118,7 +118,6 @@ class Publisher(_Ends):
         #: the actors otherwise, before any broadcast)
         self.delivered = 0
         self.broadcasts = 0
-        self.busy_s = 0.0                         # doorbells + broadcasts, summed
         self._busy = threading.Event()
         self._todo: queue.SimpleQueue = queue.SimpleQueue()
         self._bells = [np.zeros(1, dtype=np.int64) for _ in range(group.Get_size())]
@@ -158,7 +157,6 @@ class Publisher(_Ends):
         members = range(1, self.group.Get_size())
         while True:
             version = self._todo.get()
-            start = time.perf_counter()
             for m in members:
                 self._bells[m][0] = version
             MPI.Request.Waitall([self.group.Isend(self._bells[m], m, TAG_DOORBELL)
@@ -167,7 +165,6 @@ class Publisher(_Ends):
                 return
             self.topology.bcast(self.snapshot, root=0)
             self.broadcasts += 1
-            self.busy_s += time.perf_counter() - start
             self._busy.clear()
 
 

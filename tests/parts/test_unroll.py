@@ -29,8 +29,9 @@ def test_a_record_is_one_contiguous_buffer_of_the_stated_size():
     layout = UnrollLayout(5, 2, OBS, ACT)
     record = layout.empty()
     assert record.flags.c_contiguous and record.nbytes == layout.nbytes
-    # meta (10 f8) + obs 6x2x3 f4 + actions 5x2 i8 + 4 arrays of 5x2 f4
-    assert layout.nbytes == 10 * 8 + 36 * 4 + 10 * 8 + 4 * 10 * 4
+    # meta (11 f8, the last the actor's waiting share) + obs 6x2x3 f4 + actions 5x2 i8 +
+    # 4 arrays of 5x2 f4
+    assert layout.nbytes == 11 * 8 + 36 * 4 + 10 * 8 + 4 * 10 * 4
     continuous = UnrollLayout(5, 2, OBS, gymnasium.spaces.Box(-1, 1, (4,)))
     assert continuous.empty()[0]["actions"].shape == (5, 2, 4)
 
