@@ -63,7 +63,7 @@ def deliver(comm, way: str, end, params, held) -> tuple[float, int]:
     while end.received < 1:           # when it landed: the thread's clock, not this loop's
         time.sleep(2e-3)
     end.take(held)
-    return end.times[-1][1], 0
+    return end.last_times[1], 0
 
 
 def worker(trials: int, mib: float) -> None:

@@ -120,7 +120,7 @@ class Publisher(_Ends):
         self.broadcasts = 0
         self._busy = threading.Event()
         self._todo: queue.SimpleQueue = queue.SimpleQueue()
-        self._bells = [np.zeros(1, dtype=np.int64) for _ in range(group.Get_size())]
+        self._bell = np.zeros(1, dtype=np.int64)   # one doorbell, read by every send
         self.thread.start()
 
     @property
@@ -157,9 +157,8 @@ class Publisher(_Ends):
         members = range(1, self.group.Get_size())
         while True:
             version = self._todo.get()
-            for m in members:
-                self._bells[m][0] = version
-            MPI.Request.Waitall([self.group.Isend(self._bells[m], m, TAG_DOORBELL)
+            self._bell[0] = version
+            MPI.Request.Waitall([self.group.Isend(self._bell, m, TAG_DOORBELL)
                                  for m in members])
             if version == STOP:
                 return
@@ -179,8 +178,9 @@ class Subscriber(_Ends):
         self._fresh = False
         self._lock = threading.Lock()
         self.received = 0
-        #: per broadcast: (doorbell arrived, broadcast finished), ``time.time()`` seconds
-        self.times: list[tuple[float, float]] = []
+        #: the last broadcast's (doorbell arrived, broadcast finished), ``time.time()``
+        #: seconds (one pair, not one per broadcast: a long run would grow a list)
+        self.last_times = (float("nan"), float("nan"))
         self.thread.start()
 
     def take(self, into: np.ndarray) -> int | None:
@@ -214,7 +214,7 @@ class Subscriber(_Ends):
             with self._lock:
                 self._finished, self._version, self._fresh = filling, int(bell[0]), True
             self.received += 1
-            self.times.append((arrived, time.time()))
+            self.last_times = (arrived, time.time())
 
 
 def open_group(comm: MPI.Comm, color: int | None, publishes: bool, spec: str,
