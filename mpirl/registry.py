@@ -113,6 +113,9 @@ PPO_LOSS_OPTIONS = ("norm_adv", "clip_vloss", "reward_scale")
 #: and those that need the sync loop: minibatch exchanges, statistics merged over the
 #: replicas, the budget's lr schedule, per-replica reward statistics in its checkpoint
 PPO_OPTIONS = (*PPO_LOSS_OPTIONS, "minibatches", "obs_norm", "anneal_lr", "reward_norm")
+#: state the V-trace learners own and hand their actors (or predictor) with the
+#: parameters: the observation statistics (the learner's ``wire``)
+LEARNER_OWNED = ("obs_norm",)
 
 
 def _servers(cfg) -> tuple[str, ...]:
@@ -166,19 +169,21 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            serving=lambda cfg: ("learner",) * cfg.learners, experience_role="actor",
            deciding=lambda cfg, size: list(range(cfg.learners)),
            ledgers=("unrolls", "lag", "delivery"), lagged=True, topology_use="learners",
-           options=("learners", "param_refresh", "refresh_every", "param_delivery")),
+           options=("learners", "param_refresh", "refresh_every", "param_delivery",
+                    *LEARNER_OWNED)),
     Design("seed", "mpirl.designs.seed:run_seed",
            "rank 0 learns and infers for every actor; actors only step envs: SEED RL",
            "one observation per env step up, an action back",
            serving=lambda cfg: ("learner",), experience_role="actor",
            deciding=lambda cfg, size: [0], ledgers=("unrolls", "lag", "requests"), lagged=True,
-           inference="fixed"),
+           inference="fixed", options=LEARNER_OWNED),
     Design("ga3c", "mpirl.designs.ga3c:run_ga3c",
            "rank 0 trains, rank 1 predicts for every actor: GA3C",
            "observations up, actions back; unrolls predictor -> trainer, parameters back",
            serving=lambda cfg: ("learner", "predictor"), experience_role="actor",
            deciding=lambda cfg, size: [1],    # the predictor; the trainer takes FIFO
-           ledgers=("unrolls", "lag", "requests"), lagged=True, inference="drain"),
+           ledgers=("unrolls", "lag", "requests"), lagged=True, inference="drain",
+           options=LEARNER_OWNED),
     Design("apex", "mpirl.designs.apex:run_apex",
            "rank 0 learns n-step double DQN, ranks 1..R hold prioritized replay "
            "(--replay-ranks R), the others act epsilon-greedily: Ape-X",

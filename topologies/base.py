@@ -290,6 +290,12 @@ class Topology(abc.ABC):
         """Put back what :meth:`state` gave (nothing to put back by default)."""
         return None
 
+    def collective(self, op, what: str):
+        """``op(comm)`` on this exchange's communicator: a few numbers beside the exchange
+        (``what`` names them), outside its statistics.  The runtime's resilient exchange
+        offers the same call and redoes ``op`` after a failure."""
+        return op(self.comm)
+
     def layout(self) -> str | None:
         """One line on how the topology laid itself out over the ranks, where that is
         not evident from its name (the runtime prints it at start); None otherwise."""

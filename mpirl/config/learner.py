@@ -47,7 +47,9 @@ class LearnerFields:
                           default=False)
     obs_norm: bool = doc("normalize observations by their running mean and std (clipped "
                           "to +-10); in sync mode the statistics are merged over every "
-                          "rank after each rollout", default=False)
+                          "rank after each rollout; in impala, seed and ga3c the learners "
+                          "own them (merged over the learners after each update) and they "
+                          "travel with the parameters", default=False)
     reward_norm: bool = doc("divide rewards by the running std of the discounted return "
                              "(clipped to +-10)", default=False)
     anneal_lr: bool = doc("anneal the learning rate linearly to 0 over the budget",

@@ -51,7 +51,7 @@ class Predictor(InferenceServer):
         self.to_trainer = ChannelClient(comm, 0)
         self._in_flight = None            # the unroll being sent, kept alive until the
                                           # trainer's reply (its Isend reads it)
-        self.params_in = params_reply(learner.params.size)
+        self.params_in = params_reply(learner.wire.size)
         self.dropped = 0
 
     def made_unroll(self, record: np.ndarray) -> None:
@@ -83,7 +83,7 @@ class Predictor(InferenceServer):
 
     def _take_params(self, tag: int) -> None:
         if tag == TAG_PARAMS:
-            self.learner.params[:] = self.params_in[0]["params"]
+            self.learner.wire[:] = self.params_in[0]["params"]
             self.version = int(self.params_in[0]["meta"][REPLY_META["version"]])
         elif tag != TAG_KEEP:
             raise AccountingError(f"predictor: unexpected reply tag {tag} from the trainer")
@@ -121,7 +121,7 @@ class Trainer:
         self.cfg, self.comm, self.learner, self.layout = cfg, comm, learner, layout
         self.predictor = predictor
         self.server = ChannelServer(comm, [predictor], layout.nbytes)
-        self.reply = params_reply(learner.params.size)
+        self.reply = params_reply(learner.wire.size)
         self.trainer = VtraceTrainer(cfg, learner)
         self.queue = UnrollQueue(cfg.max_policy_lag)
         self.batch = cfg.unroll_batch or comm.Get_size() - 2
@@ -164,7 +164,7 @@ class Trainer:
         with timer("publish_s"):
             self.reply[0]["meta"][REPLY_META["version"]] = version
             if version != self.published:
-                self.reply[0]["params"] = self.learner.params
+                self.reply[0]["params"] = self.learner.wire
                 self.published = version
                 self.server.reply(self.predictor, self.reply, tag=TAG_PARAMS)
             else:

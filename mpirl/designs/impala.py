@@ -59,7 +59,7 @@ def run_impala(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     learner, actor = start_replica(cfg, comm, with_actor=not is_learner)
     learners_comm = comm.Split(0 if is_learner else MPI.UNDEFINED, rank)
     server = rank if is_learner else (rank - n_learners) % n_learners    # its learner
-    ends = open_ends(cfg, comm, server, is_learner, learner.params.size)  # l -> its actors
+    ends = open_ends(cfg, comm, server, is_learner, learner.wire.size)  # l -> its actors
     layout = UnrollLayout(cfg.rollout_steps, cfg.num_envs, learner.obs_space, learner.act_space)
     summary = Summary.of(cfg, size, learner)
     if is_learner:              # learner l serves actors l, l + L, l + 2L, ... (after them)
@@ -85,7 +85,7 @@ class ImpalaActor:
         self.delivery = delivery
         self.client = ChannelClient(comm, server)
         self.records = [layout.empty(), layout.empty()]   # one filling, one in flight
-        self.reply = params_reply(learner.params.size)
+        self.reply = params_reply(learner.wire.size)
         self.episodes = Episodes()
         self.sent = 0
         self.version = -1                 # of the parameters this actor holds
@@ -139,7 +139,7 @@ class ImpalaActor:
 
     def _take_reply(self, timer) -> bool:
         """The learner's reply: fresh parameters (or not); False on STOP."""
-        alive, self.version = take_reply(self.client, self.reply, self.learner.params,
+        alive, self.version = take_reply(self.client, self.reply, self.learner.wire,
                                          self.delivery, self.version, timer,
                                          self.cfg.wait_timeout_s)
         return alive
@@ -168,7 +168,7 @@ class ImpalaLearner:
         print_layout(exchange, learners_comm.Get_rank())
         self.trainer = VtraceTrainer(cfg, learner, exchange)
         self.server = ChannelServer(comm, actors, layout.nbytes)
-        self.replies = {a: params_reply(learner.params.size) for a in actors}
+        self.replies = {a: params_reply(learner.wire.size) for a in actors}
         self.queue = UnrollQueue(cfg.max_policy_lag)
         self.batch = cfg.unroll_batch or len(actors)
         self.held = {a: -1 for a in actors}          # parameter version each actor holds
@@ -260,7 +260,7 @@ class ImpalaLearner:
         """--param-delivery broadcast: start one every ``broadcast_every`` updates (once
         the one in flight has left this learner)."""
         with timer("publish_s"):
-            self.delivery.offer_every(self.learner.params, self.version, self.broadcast_every)
+            self.delivery.offer_every(self.learner.wire, self.version, self.broadcast_every)
 
     def _publish(self, actor: int, timer, initial: bool = False, wants: bool = False) -> None:
         """Answer ``actor``: with the parameters when the refresh policy says so (with
@@ -272,7 +272,7 @@ class ImpalaLearner:
         with timer("publish_s"):
             reply[0]["meta"][REPLY_META["version"]] = self.version
             if fresh:
-                reply[0]["params"] = self.learner.params
+                reply[0]["params"] = self.learner.wire
                 self.held[actor] = self.version
                 self.server.reply(actor, reply, tag=TAG_PARAMS)
             else:

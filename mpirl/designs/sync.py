@@ -32,7 +32,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -43,7 +42,6 @@ from ..kit.common import (Episodes, Summary, build_replica, check_same_model, co
 from ..kit.overlap import Overlap, Whole
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Learner
-from ..parts.learner.normalize import Moments
 from ..resilience import elastic
 from ..resilience.checkpoint import TrainingState
 from ..resilience.elastic import NodeCommits
@@ -245,8 +243,8 @@ class SyncRank:
         self.episodes.add(finished)
         self.log.episodes(count.update, finished)
         self.log.sim_times(self.first_update, actor.drain_sim_times())
-        if self.learner.obs_stats is not None:
-            self.merge_obs_stats()
+        if self.learner.obs_stats is not None:     # every rank's, merged in rank order
+            self.learner.merge_batch_obs_stats(self.exchange)
         if (count.batch_index % cfg.log_every == 0 or not self.budget_left()) and self.report():
             self.solved = True
             return True
@@ -255,15 +253,6 @@ class SyncRank:
         if cfg.commit_every and count.batch_index % cfg.commit_every == 0:
             self.commit()
         return False
-
-    def merge_obs_stats(self) -> None:
-        """Every rank's statistics of this rollout's observations, merged in rank order
-        into every replica's (collective: one Allgather of a flat float64 record)."""
-        mine = self.learner.batch_obs_stats.pack()
-        every = np.empty((self.exchange.size, mine.size))
-        self.exchange.collective(lambda c: c.Allgather(mine, every), "observation statistics")
-        shape = self.learner.obs_stats.mean.shape
-        self.learner.merge_obs_stats([Moments.unpack(row, shape) for row in every])
 
     def checkpoint(self) -> None:
         if not self.exchange.shrunk:  # a resume needs the launch's rank count: docs/faults.md

@@ -135,7 +135,9 @@ class UnrollQueue:
 class VtraceTrainer:
     """One learner update from a batch of unrolls: V-trace gradient, the average over
     learner ranks (``exchange``: a topology on the learners' communicator, or None),
-    the optimizer step.  ``version`` counts updates (the parameter version)."""
+    the optimizer step, then (``--obs-norm``) the batch's observation statistics merged
+    over the learners: the learner owns them, and they travel with its parameters
+    (``learner.wire``).  ``version`` counts updates (the parameter version)."""
 
     def __init__(self, cfg, learner, exchange=None) -> None:
         self.cfg, self.learner, self.exchange = cfg, learner, exchange
@@ -150,6 +152,9 @@ class VtraceTrainer:
             with timer("exchange_s"):
                 self.exchange.allreduce(learner.grad, average=True)
         learner.apply(timer)
+        if learner.obs_stats is not None:     # the observations acted on, not the last
+            learner.observe(unrolls.obs[:-1])
+            learner.merge_batch_obs_stats(self.exchange)
         self.version += 1
         return losses
 
@@ -188,8 +193,9 @@ def settle(summary: Summary, comm: MPI.Comm, counts: dict,
 def take_reply(client: ChannelClient, reply: np.ndarray, params: np.ndarray, delivery,
                version: int, timer, timeout_s: float) -> tuple[bool, int]:
     """An actor's turn to hear from its learner: wait for the reply to its last message
-    and take the parameters it carries (``TAG_PARAMS``) or none (``TAG_KEEP``), then the
-    newest broadcast's, if one landed (``delivery``, :mod:`mpirl.kit.delivery`).  False
+    and take the parameters it carries (``TAG_PARAMS``) into ``params`` (the learner's
+    ``wire``: with the state they act with) or none (``TAG_KEEP``), then the newest
+    broadcast's, if one landed (``delivery``, :mod:`mpirl.kit.delivery`).  False
     on STOP, else True; and the version of the parameters held now."""
     with timer("param_wait_s"):
         tag, _ = client.wait_reply(reply, timeout_s=timeout_s)

@@ -54,6 +54,13 @@ class FlatLearner:
         return self.flat.param_np
 
     @property
+    def wire(self) -> np.ndarray:
+        """:attr:`params` and the state they act with (``--obs-norm``'s statistics), one
+        contiguous buffer: what a rank hands another that acts with its policy; the same
+        memory as :attr:`params` where nothing is carried."""
+        return self.flat.wire_np
+
+    @property
     def shapes(self) -> list[tuple[int, ...]]:
         """The tensors :attr:`params` and :attr:`grad` hold, in order."""
         return self.flat.shapes
@@ -121,7 +128,9 @@ class Learner(FlatLearner):
             self.model = ActorCritic(obs_space, act_space, cfg.hidden, cfg.activation,
                                      cfg.layer_norm, init_log_std=cfg.init_log_std,
                                      obs_norm=cfg.obs_norm)
-        self.flat = FlatParams(self.model)
+        norm = self.model.obs_norm     # its statistics travel with the parameters
+        self.flat = FlatParams(self.model, carried=() if norm is None else
+                               tuple(norm.buffers()))
         self.opt = FlatAdam(self.flat.flat, lr=cfg.lr, eps=cfg.adam_eps)
         #: --obs-norm: the statistics the model normalizes with, and the last batch's
         #: own (which the design merges, over the ranks that agree on them)
@@ -141,7 +150,7 @@ class Learner(FlatLearner):
         if self.reward_norm is not None:    # PPO's: by the running return's std
             rewards = self.reward_norm(rewards, rollout.dones)
         if self.obs_stats is not None:
-            self.batch_obs_stats = Moments.of(rollout.obs.flatten(0, 1).numpy())
+            self.observe(rollout.obs)
         # an episode cut by a time limit is not over: bootstrap from its last observation
         adv = gae(rewards + cfg.gamma * rollout.boot, rollout.values, rollout.dones,
                   rollout.last_value, cfg.gamma, cfg.gae_lambda)
@@ -165,6 +174,26 @@ class Learner(FlatLearner):
             total.merge(part)
         self.obs_stats.merge(total)
         self.model.obs_norm.load(self.obs_stats)
+
+    def observe(self, obs: torch.Tensor) -> None:
+        """Note the statistics of ``obs`` (``[..., obs...]``, a batch trained on), for
+        :meth:`merge_batch_obs_stats`."""
+        shape = self.obs_stats.mean.shape
+        self.batch_obs_stats = Moments.of(obs.reshape(-1, *shape).numpy())
+
+    def merge_batch_obs_stats(self, exchange=None) -> None:
+        """The last batch's observation statistics merged into :attr:`obs_stats`: every
+        rank's of ``exchange`` (a topology whose ranks trained on different batches; one
+        Allgather of a flat float64 record, merged in rank order, so every rank holds
+        the same bytes), or this rank's alone."""
+        mine = self.batch_obs_stats.pack()
+        if exchange is None:
+            every = mine[None]
+        else:
+            every = np.empty((exchange.size, mine.size))
+            exchange.collective(lambda c: c.Allgather(mine, every), "observation statistics")
+        shape = self.obs_stats.mean.shape
+        self.merge_obs_stats([Moments.unpack(row, shape) for row in every])
 
     def set_lr(self, lr: float) -> None:
         """The optimizer's learning rate from now on (``--anneal-lr``)."""

@@ -5,6 +5,12 @@ After :class:`FlatParams` wraps a module, every parameter tensor is a view into
 straight into the flat gradient buffer (autograd adds into an existing ``.grad`` in
 place), so an exchange is one call on ``grad_np`` with no packing or copying, and
 the optimizer steps one flat tensor, so its state (Adam's moments) is flat too.
+
+``carried`` buffers (the observation normalizer's mean and std) become views into the
+same memory, after the parameters: :attr:`FlatParams.wire_np` is parameters and carried
+state as one contiguous buffer, what travels where a rank hands its policy to another
+(whoever owns the parameters owns the statistics they act with).  No gradient, optimizer
+or exchange of gradients sees the carried part.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ import torch
 class FlatParams:
     """Flat parameter and gradient buffers shared, without copies, by torch and numpy."""
 
-    def __init__(self, module: torch.nn.Module, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype = torch.float32,
+                 carried: tuple[torch.Tensor, ...] = ()) -> None:
         tensors = list(module.parameters())
         if not tensors:
             raise ValueError("module has no parameters to flatten")
         count = sum(p.numel() for p in tensors)
-        self.flat = torch.nn.Parameter(torch.empty(count, dtype=dtype))
+        wire = torch.empty(count + sum(b.numel() for b in carried), dtype=dtype)
+        self.flat = torch.nn.Parameter(wire[:count])
         self.flat.grad = torch.zeros(count, dtype=dtype)
         offset = 0
         with torch.no_grad():
@@ -31,10 +39,17 @@ class FlatParams:
                 p.data = self.flat.data[offset:offset + n].view_as(p)
                 p.grad = self.flat.grad[offset:offset + n].view_as(p)
                 offset += n
+            for b in carried:
+                n = b.numel()
+                wire[offset:offset + n].copy_(b.reshape(-1))
+                b.data = wire[offset:offset + n].view_as(b)
+                offset += n
         self._views = tensors
         #: numpy views of the same memory: what the topologies operate on.
         self.param_np: np.ndarray = self.flat.data.numpy()
         self.grad_np: np.ndarray = self.flat.grad.numpy()
+        #: the parameters, then the carried buffers: one contiguous buffer
+        self.wire_np: np.ndarray = wire.numpy()
 
     @property
     def tensors(self) -> list[torch.nn.Parameter]:

@@ -1,0 +1,139 @@
+"""Checks that --obs-norm's statistics are the learner's and travel with its parameters
+(impala, seed, ga3c); run under mpiexec.
+
+Usage: mpiexec -n N python tests/mpi/check_learner_owned.py RUN_DIR     (N >= 3)
+
+Each case is a short run of ``mpirl.run`` in this process, with the learner's update and
+the actors' (or the predictor's) parameter takes watched:
+
+- the learners' updates merge exactly the observations they trained on (the statistics'
+  count = unrolls used by every learner x rollout steps x envs);
+- every copy an actor or the predictor acts with equals, byte for byte (parameters and
+  statistics together), the learner's at the version it was published;
+- the statistics moved: some copy taken after an update normalizes with mean != 0.
+
+Rank 0 prints ``OK CASE`` or ``FAIL CASE: why`` per case; exit status 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+from mpirl.launch import apply_mpi_defaults
+
+apply_mpi_defaults()
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from cases import Cases  # noqa: E402
+from mpirl import run  # noqa: E402
+from mpirl.designs import ga3c, impala  # noqa: E402
+from mpirl.kit import actorlearner  # noqa: E402
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+cases = Cases(comm)
+STEPS, ENVS = 16, 2
+
+#: this rank's record of the case running: the learner's copy per version, the copies
+#: taken, the observations trained on, the statistics' count
+seen: dict = {}
+
+
+def digest(wire: np.ndarray) -> str:
+    return hashlib.sha256(wire.tobytes()).hexdigest()
+
+
+def watch_trainer(train):
+    def watched(self, records, timer):
+        if self.version == 0:
+            seen["published"][0] = digest(self.learner.wire)
+        out = train(self, records, timer)
+        seen["published"][self.version] = digest(self.learner.wire)
+        seen["trained"] += len(records) * STEPS * ENVS
+        seen["count"] = self.learner.obs_stats.count
+        return out
+    return watched
+
+
+def took(version: int, learner) -> None:
+    n = learner.params.size
+    seen["taken"].append((version, digest(learner.wire)))
+    if version > 0 and np.any(learner.wire[n:n + learner.obs_space.shape[0]] != 0):
+        seen["moved"] = True
+
+
+def watch_actor(take_reply):
+    def watched(self, timer):
+        alive = take_reply(self, timer)
+        took(self.version, self.learner)
+        return alive
+    return watched
+
+
+def watch_predictor(take_params):
+    def watched(self, tag):
+        take_params(self, tag)
+        if tag == actorlearner.TAG_PARAMS:
+            took(self.version, self.learner)
+    return watched
+
+
+actorlearner.VtraceTrainer.train = watch_trainer(actorlearner.VtraceTrainer.train)
+impala.ImpalaActor._take_reply = watch_actor(impala.ImpalaActor._take_reply)
+ga3c.Predictor._take_params = watch_predictor(ga3c.Predictor._take_params)
+
+
+def check(case: str, args: list[str], run_dir: Path, travels: bool) -> None:
+    seen.clear()
+    seen.update(published={}, taken=[], trained=0, count=0.0, moved=False)
+    code = run.run_main(["--env", "Pendulum-v1", "--obs-norm", "--total-steps", "3000",
+                         "--rollout-steps", str(STEPS), "--num-envs", str(ENVS), "--seed", "3",
+                         "--run-dir", str(run_dir), "--run-name", case,
+                         *args])
+    every = comm.gather(dict(seen), root=0)
+    problems = [] if code == 0 else [f"rank {rank}: exit {code}"]
+    if rank == 0:
+        problems += verdict(every, travels)
+    cases.report(case, problems)
+
+
+def verdict(every: list[dict], travels: bool) -> list[str]:
+    problems = []
+    published, trained = {}, sum(record["trained"] for record in every)   # by all learners
+    for r, record in enumerate(every):
+        if record["trained"] and record["count"] != trained:
+            problems.append(f"rank {r}: statistics of {record['count']} observations, "
+                            f"{trained} trained on by the learners")
+        for version, value in record["published"].items():
+            if published.setdefault(version, value) != value:
+                problems.append(f"rank {r}: learners differ at version {version}")
+    if not published:
+        problems.append("no learner update")
+    taken = [(r, v, d) for r, record in enumerate(every) for v, d in record["taken"]]
+    for r, version, value in taken:
+        if published.get(version) != value:
+            problems.append(f"rank {r} acted with a copy of version {version} that is not "
+                            "the learner's")
+    if travels and not any(record["moved"] for record in every):
+        problems.append("no copy taken after an update carried the statistics")
+    return problems
+
+
+def main() -> int:
+    run_dir = Path(sys.argv[1])
+    check("impala push", ["--mode", "impala"], run_dir, travels=True)
+    check("impala broadcast", ["--mode", "impala", "--param-delivery", "broadcast",
+                               "--topology", "ring"], run_dir, travels=True)
+    if size >= 4:
+        check("impala 2 learners", ["--mode", "impala", "--learners", "2"], run_dir,
+              travels=True)
+    check("ga3c", ["--mode", "ga3c"], run_dir, travels=True)
+    check("seed", ["--mode", "seed"], run_dir, travels=False)
+    return 1 if cases.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
