@@ -116,6 +116,9 @@ PPO_OPTIONS = (*PPO_LOSS_OPTIONS, "minibatches", "obs_norm", "anneal_lr", "rewar
 #: state the V-trace learners own and hand their actors (or predictor) with the
 #: parameters: the observation statistics (the learner's ``wire``)
 LEARNER_OWNED = ("obs_norm",)
+#: and those a parameter server owns: merged from the statistics each push carries,
+#: sent back with every reply's parameters
+SERVER_OWNED = ("obs_norm",)
 
 
 def _servers(cfg) -> tuple[str, ...]:
@@ -155,14 +158,14 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "a worker's gradient up, fresh parameters back to that worker",
            serving=_servers, deciding=lambda cfg, size: list(range(cfg.servers)),
            ledgers=("gradients", "snapshots"), topology_use="star", checkpoints="snapshots",
-           options=("servers", *PPO_LOSS_OPTIONS)),
+           options=("servers", *PPO_LOSS_OPTIONS, *SERVER_OWNED)),
     Design("quorum", "mpirl.designs.paramserver:run_quorum",
            "the server waits for --quorum fresh gradients, averages them, steps and answers: "
            "DPPO's leader",
            "gradients up, parameters back to the held workers",
            serving=lambda cfg: ("server",), deciding=lambda cfg, size: [0],
            ledgers=("gradients", "snapshots"), topology_use="star", checkpoints="snapshots",
-           options=("quorum", "late", *PPO_LOSS_OPTIONS)),
+           options=("quorum", "late", *PPO_LOSS_OPTIONS, *SERVER_OWNED)),
     Design("impala", "mpirl.designs.impala:run_impala",
            "ranks 0..L-1 learn with V-trace (--learners L), the others act: IMPALA",
            "whole unrolls up, parameters (or a version) back",

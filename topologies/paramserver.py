@@ -122,13 +122,17 @@ class ParameterServer:
         return not stopped
 
     # -- server side ------------------------------------------------------------------------
-    def open(self, count: int, dtype=np.float32) -> None:
-        """Allocate one receive buffer per worker and pre-post a receive on each."""
+    def open(self, count: int, dtype=np.float32, *, reply_count: int | None = None) -> None:
+        """Allocate one receive buffer per worker (pushes of ``count`` elements) and one
+        reply buffer (``reply_count`` elements, ``count`` unless given: the caller's
+        replies may carry more than a push, e.g. state sent with the parameters), and
+        pre-post a receive on each."""
         dtype = np.dtype(dtype)
         if dtype not in MPI_DTYPES:
             raise TopologyError(f"dtype {dtype}; allowed: float32, float64")
+        replies = count if reply_count is None else reply_count
         self._recv_bufs = {w: np.empty(count, dtype=dtype) for w in self.workers}
-        self._send_bufs = {w: np.empty(count, dtype=dtype) for w in self.workers}
+        self._send_bufs = {w: np.empty(replies, dtype=dtype) for w in self.workers}
         self._meta_bufs = {w: np.empty(self.meta_len, dtype=np.float64) for w in self.workers}
         self._recv_reqs, self._meta_reqs = [], []
         for w in self.workers:

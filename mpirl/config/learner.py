@@ -48,8 +48,9 @@ class LearnerFields:
     obs_norm: bool = doc("normalize observations by their running mean and std (clipped "
                           "to +-10); in sync mode the statistics are merged over every "
                           "rank after each rollout; in impala, seed and ga3c the learners "
-                          "own them (merged over the learners after each update) and they "
-                          "travel with the parameters", default=False)
+                          "own them (merged over the learners after each update), in async "
+                          "and quorum the server (merged from each push), and they travel "
+                          "with the parameters", default=False)
     reward_norm: bool = doc("divide rewards by the running std of the discounted return "
                              "(clipped to +-10)", default=False)
     anneal_lr: bool = doc("anneal the learning rate linearly to 0 over the budget",
@@ -86,6 +87,9 @@ def check_learner(cfg, world_size: int) -> None:
     if cfg.clip_vloss and cfg.clip_ratio == 0:
         raise ConfigError("clip_vloss=True clips by --clip-ratio, which is 0; allowed: "
                           "--clip-ratio above 0 with it (0.2 is CleanRL's)")
+    if cfg.obs_norm and cfg.servers > 1:
+        raise ConfigError(f"obs_norm=True with servers={cfg.servers}: sharded servers hold "
+                          "no whole statistics to send back; allowed: --servers 1 with it")
     if cfg.reward_norm and cfg.reward_scale:
         raise ConfigError("reward_norm=True and reward_scale=True both scale the rewards; "
                           "allowed: one of them")

@@ -71,9 +71,10 @@ from topologies.paramserver import TAG_PARAMS, TAG_SNAPSHOT, TAG_SNAPSHOT_STOP, 
 from ..config import Config
 from ..kit.common import Summary, close_run, start_replica
 from ..kit import ledger
-from ..kit.pushpull import PUSH_META, ServerBook, Worker, restore_generation
+from ..kit.pushpull import PUSH_META, ServerBook, Worker, push_meta_len, restore_generation
 from ..kit.shards import run_sharded
 from ..parts.learner import Learner
+from ..parts.learner.normalize import Moments
 from ..parts.server import AsyncPolicy, QuorumPolicy
 from ..resilience import checkpoint
 from ..resilience.checkpoint import TrainingState
@@ -105,8 +106,8 @@ def run_quorum(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
 
 
 def _run(cfg: Config, comm: MPI.Comm, run_dir: Path, make_policy) -> Summary:
-    ps = ParameterServer(comm, root=0, meta_len=len(PUSH_META))
-    learner, actor = start_replica(cfg, comm, with_actor=not ps.is_server)
+    learner, actor = start_replica(cfg, comm, with_actor=comm.Get_rank() != 0)
+    ps = ParameterServer(comm, root=0, meta_len=push_meta_len(learner))
     generation = _resume_generation(comm, run_dir) if cfg.resume else None
     part = (Server(cfg, ps, learner, make_policy(learner), run_dir, generation) if ps.is_server
             else Worker(cfg, ps, learner, actor, run_dir, generation))
@@ -163,7 +164,8 @@ class Server:
 
     def run(self) -> None:
         ps, policy, log = self.ps, self.policy, self.log
-        ps.open(self.learner.params.size, self.learner.params.dtype)
+        learner = self.learner    # pushes: gradients; replies: the parameters' wire
+        ps.open(learner.params.size, learner.params.dtype, reply_count=learner.wire.size)
         if not self.resumed:      # resumed workers hold their checkpoint's parameters
             for worker in ps.workers:
                 self._answer(worker)
@@ -185,6 +187,7 @@ class Server:
                 self.schedule.take(worker, computed_on)
                 if self.book.account(worker, meta) and not self.snaps.stop_requested:
                     self.snaps.request_stop(self.active, self.stopping)  # its reply is flagged
+                self._observe(meta)
                 with timer("optimizer_s"):
                     self._handle(worker, buf)
                 # one row per gradient received: the version it was computed on, its staleness
@@ -200,6 +203,14 @@ class Server:
         if not self.stopped:
             self._report()
         self.progress.close()
+
+    def _observe(self, meta: np.ndarray) -> None:
+        """--obs-norm: merge the statistics a push carries, in the order pushes are taken
+        (the server owns them; every reply carries them with the parameters)."""
+        stats = self.learner.obs_stats
+        if stats is not None:
+            self.learner.merge_obs_stats([Moments.unpack(meta[len(PUSH_META):],
+                                                         stats.mean.shape)])
 
     def _handle(self, worker: int, buf: np.ndarray) -> None:
         """One push: the policy's decision, the step, then the replies (or STOPs)."""
@@ -237,7 +248,7 @@ class Server:
         flag = self.snaps.flag(worker)
         if flag == SNAPSHOT_STOP:
             self.active.discard(worker)       # its last reply: it pushes no more
-        self.ps.reply(worker, self.learner.params, tag=_TAGS[flag])
+        self.ps.reply(worker, self.learner.wire, tag=_TAGS[flag])
         self.policy.sent(worker)
 
     def _stop(self, worker: int) -> None:

@@ -19,6 +19,7 @@ from topologies.paramserver import ParameterServer
 from ..config import Config
 from ..parts.actor import Actor, ModelPolicy
 from ..parts.learner import Batch, Learner
+from ..parts.learner.normalize import Moments
 from ..parts.records import Fields
 from ..parts.replay import FifoReplay
 from ..parts.server import AsyncPolicy
@@ -36,6 +37,15 @@ from .ledger import count_in_order
 PUSH_META = Fields("env_steps", "episodes", "return_sum", "pushes", "exchange_s", "busy_s",
                    "recent_mean", "stop")   # recent_mean: NaN until the worker has finished
                                             # 20 episodes; stop: 1 once it got SIGTERM/SIGINT
+
+
+def push_meta_len(learner: Learner) -> int:
+    """The numbers a push carries: :data:`PUSH_META`, then (``--obs-norm``) the statistics
+    of the observations the worker collected since its last push (a packed
+    :class:`~mpirl.parts.learner.normalize.Moments`), which the server merges: it owns
+    them, and they travel back with its parameters (the learner's ``wire``)."""
+    stats = learner.obs_stats
+    return len(PUSH_META) + (0 if stats is None else stats.pack().size)
 
 
 def restore_generation(saved: TrainingState, run_dir: Path, rank: int, generation: int,
@@ -61,6 +71,8 @@ class Worker:
         self.phases: dict[str, float] = {}    # seconds per phase, over the whole run
         self.pushes = self.skipped = 0
         self.owed = np.zeros(3)     # env steps, episodes, return sum not yet reported
+        #: --obs-norm: statistics of the observations collected, not yet pushed
+        self.owed_obs = None if learner.obs_stats is None else Moments(learner.obs_stats.mean.shape)
         self.replay = FifoReplay(capacity=1, reuse=cfg.update_repeat)   # the rollout in use
         self.stopped = False                  # ended by a stop snapshot (SIGTERM/SIGINT)
         self.clip_norm = 0.0      # > 0: clip the gradient here (sharded servers do not)
@@ -78,7 +90,7 @@ class Worker:
         with Guard(cfg, ps.comm, ps.rank) as guard:
             if not self.resumed:   # a resumed worker holds the parameters of its checkpoint
                 with timer("exchange_s"):
-                    alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
+                    alive = ps.pull(learner.wire, timeout_s=cfg.wait_timeout_s)
                 add_phases(self.phases, timer.take())
             log.watch(ps)
             log.begin()
@@ -86,6 +98,8 @@ class Worker:
                 if not self.replay:
                     guard.at(f"computing push {self.pushes + 1}")
                     self.replay.add(learner.batch(self._collect(policy, timer)))
+                    if self.owed_obs is not None:   # once per rollout, however often reused
+                        self.owed_obs.merge(learner.batch_obs_stats)
                 losses = learner.gradient(self.replay.next(), timer)
                 if not guard.check(self.pushes + self.skipped + 1, learner.grad):
                     self.skipped += 1     # not pushed; its env steps travel with the next push
@@ -97,8 +111,10 @@ class Worker:
                 with timer("exchange_s"):
                     ps.push(learner.grad, meta)
                     self.pushes += 1
-                    alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
+                    alive = ps.pull(learner.wire, timeout_s=cfg.wait_timeout_s)
                 self.owed[:] = 0.0
+                if self.owed_obs is not None:
+                    self.owed_obs = Moments(self.owed_obs.mean.shape)
                 add_phases(self.phases, log.record(
                     self.pushes, timer, env_steps=int(meta[PUSH_META["env_steps"]]), **losses))
                 guard.beat(self.pushes, "between pushes")
@@ -130,6 +146,8 @@ class Worker:
         recent = self.episodes.recent_mean()
         meta[PUSH_META["recent_mean"]] = np.nan if recent is None else recent
         meta[PUSH_META["stop"]] = stop
+        if self.owed_obs is not None:
+            meta[len(PUSH_META):] = self.owed_obs.pack()
 
     def counts(self) -> dict:
         """Its ledger's counts (:mod:`mpirl.kit.ledger`)."""

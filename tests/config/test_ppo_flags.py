@@ -19,8 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
     ({"clip_vloss": True}, r"clip_vloss=True clips by --clip-ratio, which is 0"),
     ({"reward_norm": True, "reward_scale": True}, r"allowed: one of them"),
     ({"init_log_std": 9.0}, r"init_log_std=9.0"),
-    ({"mode": "async", "topology": "star", "obs_norm": True},
-     r"obs_norm=True is not taken by mode='async'; allowed with mode sync, impala, seed, ga3c$"),
+    ({"mode": "gorila", "obs_norm": True},
+     r"obs_norm=True is not taken by mode='gorila'; allowed with mode sync, async, quorum, "
+     r"impala, seed, ga3c$"),
+    ({"mode": "async", "topology": "star", "servers": 2, "obs_norm": True},
+     r"obs_norm=True with servers=2: sharded servers hold no whole statistics"),
     ({"mode": "async", "topology": "star", "minibatches": 2},
      r"minibatches=2 is not taken by mode='async'; allowed with mode sync$"),
     ({"mode": "apex", "reward_scale": True},

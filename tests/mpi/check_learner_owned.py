@@ -1,5 +1,5 @@
-"""Checks that --obs-norm's statistics are the learner's and travel with its parameters
-(impala, seed, ga3c); run under mpiexec.
+"""Checks that --obs-norm's statistics are the learner's (impala, seed, ga3c) or the
+parameter server's (async, quorum) and travel with its parameters; run under mpiexec.
 
 Usage: mpiexec -n N python tests/mpi/check_learner_owned.py RUN_DIR     (N >= 3)
 
@@ -7,9 +7,11 @@ Each case is a short run of ``mpirl.run`` in this process, with the learner's up
 the actors' (or the predictor's) parameter takes watched:
 
 - the learners' updates merge exactly the observations they trained on (the statistics'
-  count = unrolls used by every learner x rollout steps x envs);
+  count = unrolls used by every learner x rollout steps x envs); the server's, those of
+  every push it took (count = the env steps the pushes reported);
 - every copy an actor or the predictor acts with equals, byte for byte (parameters and
-  statistics together), the learner's at the version it was published;
+  statistics together), the learner's at the version it was published; every copy a
+  worker pulls, one the server sent;
 - the statistics moved: some copy taken after an update normalizes with mean != 0.
 
 Rank 0 prints ``OK CASE`` or ``FAIL CASE: why`` per case; exit status 1 on any failure.
@@ -29,8 +31,9 @@ from mpi4py import MPI  # noqa: E402
 
 from cases import Cases  # noqa: E402
 from mpirl import run  # noqa: E402
-from mpirl.designs import ga3c, impala  # noqa: E402
+from mpirl.designs import ga3c, impala, paramserver  # noqa: E402
 from mpirl.kit import actorlearner  # noqa: E402
+from topologies.paramserver import ParameterServer  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -81,7 +84,43 @@ def watch_predictor(take_params):
     return watched
 
 
+def watch_reply(reply):
+    def watched(self, worker, buf, **kw):
+        seen["published"][f"reply {len(seen['published'])}"] = digest(buf)
+        return reply(self, worker, buf, **kw)
+    return watched
+
+
+def watch_pull(pull):
+    def watched(self, buf, **kw):
+        alive = pull(self, buf, **kw)
+        seen["taken"].append((None, digest(buf)))
+        n = seen["learner"].params.size
+        dim = seen["learner"].obs_space.shape[0]
+        seen["moved"] = seen["moved"] or bool(np.any(buf[n:n + dim] != 0))
+        return alive
+    return watched
+
+
+def watch_server_fill(fill):
+    def watched(self, summary):
+        fill(self, summary)
+        seen["trained"], seen["count"] = self.book.env_steps, self.learner.obs_stats.count
+    return watched
+
+
+def watch_worker(init):
+    def watched(self, cfg, ps, learner, *args, **kw):
+        init(self, cfg, ps, learner, *args, **kw)
+        seen["learner"] = learner
+    return watched
+
+
 actorlearner.VtraceTrainer.train = watch_trainer(actorlearner.VtraceTrainer.train)
+ParameterServer.reply = watch_reply(ParameterServer.reply)
+ParameterServer.pull = watch_pull(ParameterServer.pull)
+paramserver.Server.fill = watch_server_fill(paramserver.Server.fill)
+paramserver.Worker.__init__ = watch_worker(paramserver.Worker.__init__)
 impala.ImpalaActor._take_reply = watch_actor(impala.ImpalaActor._take_reply)
 ga3c.Predictor._take_params = watch_predictor(ga3c.Predictor._take_params)
 
@@ -93,6 +132,7 @@ def check(case: str, args: list[str], run_dir: Path, travels: bool) -> None:
                          "--rollout-steps", str(STEPS), "--num-envs", str(ENVS), "--seed", "3",
                          "--run-dir", str(run_dir), "--run-name", case,
                          *args])
+    seen.pop("learner", None)
     every = comm.gather(dict(seen), root=0)
     problems = [] if code == 0 else [f"rank {rank}: exit {code}"]
     if rank == 0:
@@ -113,8 +153,9 @@ def verdict(every: list[dict], travels: bool) -> list[str]:
     if not published:
         problems.append("no learner update")
     taken = [(r, v, d) for r, record in enumerate(every) for v, d in record["taken"]]
+    sent = set(published.values())
     for r, version, value in taken:
-        if published.get(version) != value:
+        if (value not in sent) if version is None else published.get(version) != value:
             problems.append(f"rank {r} acted with a copy of version {version} that is not "
                             "the learner's")
     if travels and not any(record["moved"] for record in every):
@@ -132,6 +173,8 @@ def main() -> int:
               travels=True)
     check("ga3c", ["--mode", "ga3c"], run_dir, travels=True)
     check("seed", ["--mode", "seed"], run_dir, travels=False)
+    check("async", ["--mode", "async", "--topology", "star"], run_dir, travels=True)
+    check("quorum", ["--mode", "quorum", "--topology", "star"], run_dir, travels=True)
     return 1 if cases.failed else 0
 
 

@@ -235,7 +235,8 @@ class Learner(FlatLearner):
         return h
 
     def state(self) -> dict:
-        out = {"params": torch.from_numpy(self.flat.param_np.copy()),
+        # the wire: with the statistics the model acts with (a worker's are its server's)
+        out = {"params": torch.from_numpy(self.flat.wire_np.copy()),
                "adam": copy.deepcopy(self.opt.state_dict())}   # not the live moments
         if self.obs_stats is not None:
             out["obs_stats"] = torch.from_numpy(self.obs_stats.pack())
@@ -245,13 +246,18 @@ class Learner(FlatLearner):
         return out
 
     def load_state(self, state: dict) -> None:
-        self.flat.param_np[:] = state["params"].numpy()
+        saved = state["params"].numpy()
+        if saved.size not in (self.flat.param_np.size, self.flat.wire_np.size):
+            raise ValueError(f"a checkpoint of {saved.size} parameters; this model has "
+                             f"{self.flat.param_np.size}")
+        self.flat.wire_np[:saved.size] = saved     # with the statistics, where saved
         if "adam" in state:           # an async worker's checkpoint holds no optimizer
             self.opt.load_state_dict(state["adam"])
         if self.obs_stats is not None:
             self.obs_stats = Moments.unpack(state["obs_stats"].numpy(),
                                             self.obs_stats.mean.shape)
-            self.model.obs_norm.load(self.obs_stats)
+            if saved.size < self.flat.wire_np.size:     # saved before they travelled
+                self.model.obs_norm.load(self.obs_stats)
         if self.reward_norm is not None:
             self.reward_norm.load_state({k: v.numpy()
                                          for k, v in state["reward_norm"].items()})
