@@ -279,25 +279,27 @@ class ImpalaLearner:
                 self.server.reply(actor, as_bytes(reply)[:meta_nbytes()], tag=TAG_KEEP)
 
     def _agree(self, signalled: bool) -> None:
-        """Every learner learns the env steps, episodes and stop flags of all (one
-        small allreduce), and whether the run ends now."""
+        """Every learner learns the env steps, episodes, stop flags and actors' waiting
+        shares of all (one small allreduce), and whether the run ends now."""
+        waits = self.book.waits
         shared = np.asarray([*self.owed, float(signalled), sum(self.recent.values()),
-                             len(self.recent)])
+                             len(self.recent), sum(waits.values()), len(waits)])
         self.sub.Allreduce(MPI.IN_PLACE, shared, op=MPI.SUM)
-        steps, episodes, returns, stops, signals, recent_sum, recent_count = shared
+        steps, episodes, returns, stops, signals, recent_sum, recent_count = shared[:7]
+        wait_sum, wait_count = shared[7:]
         self.owed[:] = 0.0
         self.book.add(int(steps), episodes, returns)
-        if self.version % self.cfg.log_every == 0:
-            self._report()
+        if self.version % self.cfg.log_every == 0:   # every learner's actors' waiting
+            self._report(wait_sum / wait_count if wait_count else None)
         # each actor's recent mean is known to its learner: judged on their mean
         self.book.recent = dict.fromkeys(range(int(recent_count)),
                                          recent_sum / recent_count if recent_count else 0.0)
         self.book.judge()
         self.stopping = self.book.ends(stops > 0 or signals > 0)
 
-    def _report(self) -> None:
+    def _report(self, actors_waiting: float | None) -> None:
         self.book.report(self.progress, self.version, self.queue.lags,
-                         waiting=self.log.waiting_share())
+                         waiting=self.log.waiting_share(), actors_waiting=actors_waiting)
 
     def _drain(self, timer) -> None:
         """Take every actor's last unroll, answer it with STOP; what is queued is dropped."""

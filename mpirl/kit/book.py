@@ -46,15 +46,19 @@ class Book:
         return self.env_steps >= self.total_steps or self.solved or asked
 
     def report(self, progress, version: int, lags: list, comm_share: float | None = None,
-               waiting: tuple[str, float] | None = None) -> None:
+               waiting: tuple[str, float] | None = None,
+               actors_waiting: float | None = None) -> None:
         """One progress line (the mean of the last 100 ``lags``, policy lags or
         staleness, in its staleness column; the workers' ``comm_share``, or the
         reporting rank's own ``waiting`` (role, share) where it sees no one else's
-        time), and the mean of :attr:`waits` where actors told theirs; a fresh window."""
+        time), and the actors' mean waiting share: ``actors_waiting`` where the caller
+        gathered it from several books, else the mean of :attr:`waits` where actors told
+        theirs; a fresh window."""
         recent = lags[-100:]
+        if actors_waiting is None and self.waits:
+            actors_waiting = float(np.mean(list(self.waits.values())))
         progress.report(update=version, env_steps=self.env_steps, episodes=self.window[0],
                         return_sum=self.window[1], comm_share=comm_share, waiting=waiting,
-                        actors_waiting=(float(np.mean(list(self.waits.values())))
-                                        if self.waits else None),
+                        actors_waiting=actors_waiting,
                         mean_staleness=float(np.mean(recent)) if recent else 0.0)
         self.window = [0.0, 0.0]
