@@ -33,29 +33,39 @@ import abc
 import math
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
 from . import persistent
 from .persistent import Schedules
 
-#: half precision: IEEE float16 and bfloat16 (the ``ml_dtypes`` numpy dtype), for the
-#: compressed exchanges of :mod:`topologies.cast`
-FLOAT16, BFLOAT16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
+#: half precision: IEEE float16, and bfloat16 (:func:`bfloat16`), for the compressed
+#: exchanges of :mod:`topologies.cast`
+FLOAT16 = np.dtype(np.float16)
 #: MPI has no standard half type: two bytes, as a derived type so that MPI's own
 #: ``MPI.SUM`` refuses it (MPI_ERR_OP) instead of adding integers; see :func:`sum_op`
 HALF = MPI.BYTE.Create_contiguous(2).Commit()
 #: dtypes a buffer may have, with the MPI datatype each maps to.
+#: (bfloat16 joins once :func:`bfloat16` is first called)
 MPI_DTYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
-              FLOAT16: HALF, BFLOAT16: HALF}
+              FLOAT16: HALF}
 _HALF_SUMS: dict[np.dtype, MPI.Op] = {}
+
+
+def bfloat16() -> np.dtype:
+    """The bfloat16 numpy dtype (``ml_dtypes``), imported on first use: the import takes
+    about 0.55 s, a quarter of a rank's start, which every run without ``bf16`` skips."""
+    import ml_dtypes
+
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    MPI_DTYPES.setdefault(dtype, HALF)
+    return dtype
 
 
 def sum_op(dtype: np.dtype) -> MPI.Op:
     """The MPI op that sums buffers of ``dtype`` in MPI's own collectives: ``MPI.SUM``,
     or for a half dtype a user op that adds with numpy (created once, on first use)."""
-    if dtype not in (FLOAT16, BFLOAT16):
+    if MPI_DTYPES.get(dtype) is not HALF:
         return MPI.SUM
     op = _HALF_SUMS.get(dtype)
     if op is None:
@@ -172,6 +182,8 @@ def check_buffer(buf, what: str = "buffer") -> np.ndarray:
         raise TopologyError(
             f"{what} must be a numpy.ndarray of float32 or float64 (or float16, bfloat16), "
             f"got {type(buf).__name__}")
+    if buf.dtype not in MPI_DTYPES and buf.dtype.name == "bfloat16":
+        bfloat16()                  # the caller imported ml_dtypes itself
     if buf.dtype not in MPI_DTYPES:
         raise TopologyError(
             f"{what} has dtype {buf.dtype}; allowed dtypes: float32, float64 (and the half "

@@ -40,7 +40,7 @@ from typing import ClassVar
 import numpy as np
 from mpi4py import MPI
 
-from .base import BFLOAT16, FLOAT16, Cost
+from .base import FLOAT16, Cost, bfloat16
 from .wrapper import Wrapper, inner_cost
 
 
@@ -52,8 +52,9 @@ class Cast(Wrapper):
     """Allreduce of a half-precision copy through ``inner``; ``bcast`` unchanged."""
 
     name = "cast"
-    #: the dtype sent (set by the registered subclasses)
-    half: ClassVar[np.dtype] = FLOAT16
+    #: the dtype sent (set by the registered subclasses: a function giving it, so that
+    #: ml_dtypes is imported only where bf16 runs)
+    half_dtype: ClassVar = staticmethod(lambda: FLOAT16)
 
     @classmethod
     def _cost(cls, op: str, p: int, n: float) -> Cost:
@@ -66,6 +67,7 @@ class Cast(Wrapper):
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
         super().__init__(comm, root=root)
         self._halves: dict[int, np.ndarray] = {}
+        self.half = self.half_dtype()
 
     def _compressed_sum(self, flat: np.ndarray, average: bool) -> None:
         half = self._half(flat.size)
@@ -96,11 +98,10 @@ class Fp16(Cast):
     """IEEE float16."""
 
     name = "fp16"
-    half = FLOAT16
 
 
 class Bf16(Cast):
     """bfloat16."""
 
     name = "bf16"
-    half = BFLOAT16
+    half_dtype = staticmethod(bfloat16)

@@ -60,7 +60,7 @@ def check_allreduce(topo, x: np.ndarray, average: bool) -> list[str]:
     abs_sum = np.abs(x)
     comm.Allreduce(MPI.IN_PLACE, abs_sum, op=MPI.SUM)
     tol = 4 * size * np.finfo(x.dtype).eps * abs_sum / (size if average else 1) + 1e-30
-    half = getattr(type(topo), "half", None)
+    half = getattr(topo, "half", None)
     if half is not None:     # a compression wrapper: each input and each partial sum rounded
         info = ml_dtypes.finfo(half)
         tol = 2 * (size + 1) * float(info.eps) * abs_sum / (size if average else 1) \
