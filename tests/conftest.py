@@ -82,6 +82,18 @@ def train(tmp_path: Path, nranks: int, *args: str, name: str = "r", timeout_s: f
     return result, json.loads((tmp_path / name / "summary.json").read_text())
 
 
+def train_many(tmp_path: Path, nranks: int, runs: dict[str, list[str]],
+               timeout_s: float = 300, env: dict | None = None) -> dict[str, dict]:
+    """Like :func:`train`, for several runs (name -> args) in one mpiexec launch, one after
+    another in the same processes (tests/mpi/runs.py); returns each run's summary."""
+    from mpirun import run_mpi
+
+    argvs = [[*SMALL, *args, "--run-dir", str(tmp_path), "--run-name", name]
+             for name, args in runs.items()]
+    run_mpi(nranks, ["tests/mpi/runs.py", json.dumps(argvs)], timeout_s=timeout_s, env=env)
+    return {name: json.loads((tmp_path / name / "summary.json").read_text()) for name in runs}
+
+
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory) -> Path:
     """The tiny sweep, run once per test session; returns its directory."""

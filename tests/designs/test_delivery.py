@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import train
+from conftest import train, train_many
 from mpirun import ROOT, run_mpi
 
 
@@ -36,8 +36,9 @@ def test_a_broadcast_leaves_the_learner_once_not_once_per_actor(tmp_path):
     """5 ranks, one learner, 4 actors, a parameter refresh every update: ring's chain
     sends the learner's copy once (to the next actor), the push four times."""
     run = ["--mode", "impala", "--total-steps", "2500", "--topology", "ring"]
-    _, push = train(tmp_path, 5, *run, name="push")
-    _, cast = train(tmp_path, 5, *run, "--param-delivery", "broadcast", name="cast")
+    runs = train_many(tmp_path, 5, {"push": run,
+                                    "cast": [*run, "--param-delivery", "broadcast"]})
+    push, cast = runs["push"], runs["cast"]
     assert push["broadcasts_sent"] == push["broadcasts_received"] == 0
     assert 0 < cast["broadcasts_sent"] <= cast["updates"]
     assert cast["broadcasts_received"] == 4 * cast["broadcasts_sent"]      # the ledger's

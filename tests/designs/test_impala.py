@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import kill_an_actor, train
+from conftest import kill_an_actor, train, train_many
 
 
 @pytest.mark.parametrize("nranks", [2, 5])
@@ -63,10 +63,13 @@ def test_several_learners_average_with_the_topology_and_stay_identical(
 
 
 def test_refresh_policies_send_fewer_parameters(tmp_path):
-    _, every = train(tmp_path, 3, "--mode", "impala", "--total-steps", "3000", name="every")
-    for refresh, extra in (("updates", ["--refresh-every", "4"]), ("episode", [])):
-        _, fewer = train(tmp_path, 3, "--mode", "impala", "--total-steps", "3000",
-                         "--param-refresh", refresh, *extra, name=refresh)
+    run = ["--mode", "impala", "--total-steps", "3000"]
+    runs = train_many(tmp_path, 3, {
+        "every": run, "updates": [*run, "--param-refresh", "updates", "--refresh-every", "4"],
+        "episode": [*run, "--param-refresh", "episode"]})
+    every = runs["every"]
+    for refresh in ("updates", "episode"):
+        fewer = runs[refresh]
         assert fewer["bytes_per_env_step"] < every["bytes_per_env_step"], refresh
         assert fewer["mean_policy_lag"] > every["mean_policy_lag"], refresh
 

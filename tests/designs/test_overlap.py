@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import train
+from conftest import train_many
 from mpirl.kit.overlap import buckets
 from mpirun import ROOT, run_mpi
 
@@ -37,13 +37,13 @@ def test_an_overlapped_run_ends_where_the_plain_one_does(tmp_path):
     with overlap, and its buckets summed in bfloat16, keeps every replica identical
     (checked every update)."""
     run = ["--topology", "butterfly", "--total-steps", "1536"]
-    _, plain = train(tmp_path, 3, *run, name="plain")
-    _, over = train(tmp_path, 3, *run, "--overlap", "--bucket-mb", "0.005", name="over")
+    runs = train_many(tmp_path, 3, {
+        "plain": run, "over": [*run, "--overlap", "--bucket-mb", "0.005"],
+        "ring": ["--topology", "ring", "--total-steps", "1536", "--overlap", "--bucket-mb",
+                 "0.005", "--compress", "bf16", "--checksum-every", "1"]})
+    plain, over, ring = runs["plain"], runs["over"], runs["ring"]
     assert over["param_digest"] == plain["param_digest"]
     assert over["updates"] == plain["updates"] > 5
-    _, ring = train(tmp_path, 3, "--topology", "ring", "--total-steps", "1536", "--overlap",
-                    "--bucket-mb", "0.005", "--compress", "bf16", "--checksum-every", "1",
-                    name="ring")
     assert ring["updates"] == plain["updates"]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import topologies
-from conftest import TRICKS, train
+from conftest import TRICKS, train, train_many
 
 
 @pytest.mark.parametrize("nranks", [2, 4])
@@ -22,12 +22,13 @@ def test_sync_gradients_all_applied(tmp_path, nranks):
 def test_sync_is_reproducible_and_topology_independent_at_two_ranks(tmp_path):
     """At 2 ranks every topology computes the same a + b, so all of them must end
     byte-identical (run-to-run reproducibility of one topology:
-    tests/resilience/test_resume.py compares two runs' final parameters)."""
-    digests = {}
-    for topo in topologies.names():
-        name = f"{topo}-{len(digests)}"
-        _, s = train(tmp_path, 2, "--topology", topo, "--total-steps", "1024", name=name)
-        digests[name] = s["param_digest"]
+    tests/resilience/test_resume.py compares two runs' final parameters).  The runs share
+    one launch, so this also checks that a run leaves nothing behind that changes the
+    next."""
+    summaries = train_many(tmp_path, 2, {f"{topo}-{i}": ["--topology", topo,
+                                                         "--total-steps", "1024"]
+                                         for i, topo in enumerate(topologies.names())})
+    digests = {name: s["param_digest"] for name, s in summaries.items()}
     # the small-message path off (each exchange the topology's blocking calls): the same
     _, s = train(tmp_path, 2, "--topology", "butterfly", "--total-steps", "1024",
                  name="butterfly-blocking", env={"MPIRL_SMALL_PATH_BYTES": "0"})

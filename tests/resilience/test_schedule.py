@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import SMALL
+from conftest import SMALL, train_many
 from mpirun import run_mpi
 
 RUNS = {"async": ["--mode", "async", "--topology", "star"],
@@ -38,9 +38,12 @@ FILES = {"gorila-service": 5, "apex-sac": 3, "gorila-sac": 2}
 ROUND_ROBIN_BROKEN = ("async", "impala")
 
 
+#: every run's settings (after SMALL)
+COMMON = ["--total-steps", "2000", "--straggler", "1:2"]
+
+
 def _run(tmp_path, nranks, name, *args, check=True):
-    return run_mpi(nranks, ["-m", "mpirl.run", *SMALL, "--total-steps", "2000",
-                            "--straggler", "1:2", *args, "--run-dir",
+    return run_mpi(nranks, ["-m", "mpirl.run", *SMALL, *COMMON, *args, "--run-dir",
                             str(tmp_path), "--run-name", name], timeout_s=180, check=check)
 
 
@@ -60,11 +63,12 @@ def _summary(tmp_path, name):
 @pytest.mark.parametrize("mode", list(RUNS))
 def test_a_replayed_run_ends_bit_identical(tmp_path, mode, request):
     nranks = RANKS.get(mode, 4)
+    replay = [*COMMON, *RUNS[mode], "--replay-schedule", str(tmp_path / "rec")]
     if mode == "async":
         shutil.copytree(request.getfixturevalue("async_run"), tmp_path / "rec")
-    else:
-        _run(tmp_path, nranks, "rec", *RUNS[mode])
-    _run(tmp_path, nranks, "rep", *RUNS[mode], "--replay-schedule", str(tmp_path / "rec"))
+        _run(tmp_path, nranks, "rep", *RUNS[mode], "--replay-schedule", str(tmp_path / "rec"))
+    else:       # recorded and replayed in one launch
+        train_many(tmp_path, nranks, {"rec": [*COMMON, *RUNS[mode]], "rep": replay})
     rec, rep = _summary(tmp_path, "rec"), _summary(tmp_path, "rep")
     assert rep["param_digest"] == rec["param_digest"]
     # the figures of the design's own ledgers (summary.json has no other design's)
