@@ -130,8 +130,8 @@ def check_parameter_server_run(run_dir, nranks, mode, total_steps):
 def test_killed_parameter_server_run_resumes_with_every_push_counted_once(
         tmp_path, mode, nranks, every, fail):
     args = ["-m", "mpirl.run", "--mode", mode, *PS_RUN, "--checkpoint-every", str(every)]
-    if mode == "quorum":
-        args += ["--quorum", "2"]
+    if mode == "quorum":     # and the server's observation statistics, which travel back
+        args += ["--quorum", "2", "--obs-norm"]
     # The case wanted has server rows after the cut to undo.  Which snapshot is the last
     # complete one is the machine's doing: a worker far ahead of the other (30 pushes
     # against 21, seen) can die right after the cut completes, leaving no row after it.
@@ -160,6 +160,10 @@ def test_killed_parameter_server_run_resumes_with_every_push_counted_once(
     assert "injected failure" not in resumed.output
     s = check_parameter_server_run(run_dir, nranks, mode, 3000)
     assert s["snapshots"] > server["snapshots"]
+    if mode == "quorum":     # restored at the cut: each env step's observation merged once
+        last = checkpoint.latest_complete(run_dir, nranks)
+        final = torch.load(checkpoint.path_for(run_dir, 0, last), weights_only=True)
+        assert final["obs_stats"][0].item() == final["env_steps"] > server["env_steps"]
     # the logs were continued in place: the rows up to the cut are the killed run's own,
     # and so are each worker's episodes up to its checkpoint (none added, none lost)
     after = rows(run_dir / "rank0000.h5")
