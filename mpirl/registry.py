@@ -88,6 +88,14 @@ class Design:
     defaults: tuple[tuple[str, object], ...] = ()
     #: its ranks may be survived (``--on-failure shrink``: every rank holds the state)
     shrinkable: bool = False
+    #: (flag, ``module:function``) pairs: the entry that runs instead of :attr:`entry`
+    #: when the boolean config ``flag`` is set (a variant of the design's loop)
+    variants: tuple[tuple[str, str], ...] = ()
+
+    def entry_for(self, cfg) -> str:
+        """The ``module:function`` that runs ``cfg``."""
+        return next((target for flag, target in self.variants if getattr(cfg, flag)),
+                    self.entry)
 
     def roles(self, cfg, size: int) -> tuple[str, ...]:
         """The role of each of ``size`` ranks."""
@@ -143,7 +151,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "every rank's gradient, averaged by the topology's allreduce",
            serving=lambda cfg: (), ledgers=("gradients",), topology_use="allreduce",
            checkpoints="replica", shrinkable=True,
-           options=(*PPO_OPTIONS, "overlap", "bucket_mb")),
+           options=(*PPO_OPTIONS, "overlap", "bucket_mb", "one_step_stale"),
+           variants=(("one_step_stale", "mpirl.designs.stale:run_stale"),)),
     Design("sync-replay", "mpirl.designs.syncreplay:run_sync_replay",
            "every rank acts into its own replay and learns from it; the gradients are "
            "averaged by the topology's allreduce: the book's multi-process SAC (DQN for "

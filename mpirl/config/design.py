@@ -39,6 +39,10 @@ class DesignFields:
                         "filled it", default=False)
     bucket_mb: float = doc("--overlap: MiB of gradient per bucket (whole tensors, from the "
                            "last layer back)", default=1.0)
+    one_step_stale: bool = doc("sync: collect the next rollout while the last gradient is "
+                               "still averaged (on the exchange's thread); each rollout is "
+                               "then learnt with parameters one update newer than those "
+                               "that collected it; one update per rollout", default=False)
     mode: str = doc(
         "training design: " + ", ".join(registry.DESIGNS) + " (each described above; "
         "docs/modes.md)", default="sync")
@@ -118,21 +122,27 @@ def check_topology_options(cfg) -> None:
 
 
 def check_overlap(cfg) -> None:
-    """``--overlap`` and its bucket size (mode sync only: check_own_options)."""
+    """``--overlap`` and its bucket size, and ``--one-step-stale`` (mode sync only:
+    check_own_options)."""
     if not cfg.bucket_mb > 0:            # NaN too
         raise ConfigError(f"bucket_mb={cfg.bucket_mb!r}; allowed: a size in MiB > 0 (each "
                           "bucket's share of the gradient, e.g. 1 or 0.25)")
     if cfg.bucket_mb != 1.0 and not cfg.overlap:
         raise ConfigError(f"bucket_mb={cfg.bucket_mb!r} sizes --overlap's buckets; this run "
                           "has no --overlap (add it, or leave bucket_mb at 1.0)")
-    if not cfg.overlap:
+    if cfg.one_step_stale and (cfg.minibatches, cfg.update_repeat) != (1, 1):
+        raise ConfigError(f"one_step_stale with minibatches={cfg.minibatches}, "
+                          f"update_repeat={cfg.update_repeat}: one gradient is held in flight "
+                          "per rollout; allowed: minibatches 1 and update_repeat 1 with it")
+    if not (cfg.overlap or cfg.one_step_stale):
         return
+    flag = "overlap" if cfg.overlap else "one_step_stale"   # both run the exchange thread
     if cfg.on_failure == "shrink":
-        raise ConfigError("overlap with on_failure='shrink' is not supported (a bucket "
-                          "redone after a failure would need every bucket redone); allowed: "
-                          "on_failure stop")
+        raise ConfigError(f"{flag} with on_failure='shrink' is not supported (an exchange "
+                          "on its thread redone after a failure would need every one "
+                          "redone); allowed: on_failure stop")
     if cfg.compress.partition(":")[0] in ("topk", "powersgd"):
-        raise ConfigError(f"overlap with compress={cfg.compress!r} is not supported (error "
+        raise ConfigError(f"{flag} with compress={cfg.compress!r} is not supported (error "
                           "feedback keeps one residual per gradient buffer, not per bucket); "
                           "allowed: compress none, fp16, bf16")
 

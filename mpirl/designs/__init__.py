@@ -28,9 +28,10 @@ from ..telemetry.h5log import rank_file, run_file
 from ..kit.common import Summary, ranks_sharing_cores
 
 
-def entry(mode: str) -> Callable[[Config, MPI.Comm, Path], Summary]:
-    """The run function of ``mode``'s registry row, imported."""
-    module, _, function = registry.design(mode).entry.partition(":")
+def entry(cfg: Config) -> Callable[[Config, MPI.Comm, Path], Summary]:
+    """The run function of ``cfg.mode``'s registry row (or of its variant that ``cfg``
+    selects), imported."""
+    module, _, function = registry.design(cfg.mode).entry_for(cfg).partition(":")
     return getattr(importlib.import_module(module), function)
 
 
@@ -69,7 +70,7 @@ def train(cfg: Config, comm: MPI.Comm) -> Summary:
     if cfg.tensorboard and rank == 0:         # the rank that prints progress
         tensorboard.start(run_dir)
     try:
-        summary = entry(cfg.mode)(cfg, comm, run_dir)
+        summary = entry(cfg)(cfg, comm, run_dir)
     except BaseException:
         watcher.close(sentinel.REPORTED)         # mpirl.run reports it (or it is a stop)
         raise

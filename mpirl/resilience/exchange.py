@@ -31,10 +31,16 @@ class Exchange:
 
     def __init__(self, topology: str, comm: MPI.Comm, on_failure: str = "stop", *,
                  announce: Callable[[str], None] | None = None,
-                 failed: Callable[[int, FailureEvent], None] | None = None) -> None:
+                 failed: Callable[[int, FailureEvent], None] | None = None,
+                 own_comm: bool = False) -> None:
         self.team = Team(comm, on_failure)
         self.name = topology
-        self.topology = topologies.get(topology)(self.team.comm)
+        if own_comm and on_failure == "shrink":
+            raise ValueError("own_comm: a shrink rebuilds the topology on the team's comm")
+        # own_comm: the topology on a duplicate (the same ranks, another context), so an
+        # average in flight on a thread never shares a communicator with :meth:`collective`
+        self.topology = topologies.get(topology)(self.team.comm.Dup() if own_comm
+                                                 else self.team.comm)
         self.team.on_shrink(self._rebuild)
         self._keep_copy = on_failure == "shrink"
         self._backup: Backup | None = None
