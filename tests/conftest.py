@@ -77,9 +77,14 @@ def train(tmp_path: Path, nranks: int, *args: str, name: str = "r", timeout_s: f
     variables to set), which must succeed; returns the ended job and the run's summary."""
     from mpirun import run_mpi
 
-    result = run_mpi(nranks, ["-m", "mpirl.run", *SMALL, *args, "--run-dir", str(tmp_path),
-                              "--run-name", name], timeout_s=timeout_s, env=env)
+    result = run_mpi(nranks, ["-m", "mpirl.run", *run_args(tmp_path, name, args)],
+                     timeout_s=timeout_s, env=env)
     return result, json.loads((tmp_path / name / "summary.json").read_text())
+
+
+def run_args(tmp_path: Path, name: str, args) -> list[str]:
+    """``mpirl.run``'s arguments for a test's run ``name``: SMALL, ``args``, its place."""
+    return [*SMALL, *args, "--run-dir", str(tmp_path), "--run-name", name]
 
 
 def train_many(tmp_path: Path, nranks: int, runs: dict[str, list[str]],
@@ -88,8 +93,7 @@ def train_many(tmp_path: Path, nranks: int, runs: dict[str, list[str]],
     another in the same processes (tests/mpi/runs.py); returns each run's summary."""
     from mpirun import run_mpi
 
-    argvs = [[*SMALL, *args, "--run-dir", str(tmp_path), "--run-name", name]
-             for name, args in runs.items()]
+    argvs = [run_args(tmp_path, name, args) for name, args in runs.items()]
     run_mpi(nranks, ["tests/mpi/runs.py", json.dumps(argvs)], timeout_s=timeout_s, env=env)
     return {name: json.loads((tmp_path / name / "summary.json").read_text()) for name in runs}
 

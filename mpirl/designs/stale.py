@@ -35,7 +35,7 @@ One update per rollout: ``--minibatches`` and ``--update-repeat`` stay 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpi4py import MPI
@@ -79,14 +79,8 @@ class StaleRank(SyncRank):
 
     owed: object = None           # the batch collected and not yet learnt
     held: Held | None = None      # the update in flight
-    timer: PhaseTimer | None = None
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
     flushed: bool = True          # nothing travelled during the rollout being learnt
-
-    @classmethod
-    def start(cls, cfg: Config, comm: MPI.Comm, run_dir: Path) -> "StaleRank":
-        rank = super().start(cfg, comm, run_dir)
-        rank.timer = PhaseTimer()
-        return rank
 
     def owe(self, batch) -> None:
         self.owed, self.first_update = batch, self.count.update + 1
