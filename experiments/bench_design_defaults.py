@@ -1,9 +1,10 @@
-"""Per-design defaults against the shared ones: each design's registry ``defaults`` run
-as a user runs it (``--mode M`` and nothing else but the seed), beside the same run with
-the shared default put back, on CartPole-v1.
+"""Every design as a user first runs it (``--mode M`` and nothing else but the seed), on
+CartPole-v1; a design with registry ``defaults`` of its own also beside the same run with
+the shared defaults put back.
 
     python experiments/bench_design_defaults.py [--seeds 1 2 3 23] [--ranks 4]
                                                 [--total-steps 500000] [--out DIR]
+                                                [--modes sync impala ...]
 
 Each run stops when every experience rank's last 20 episodes average 400
 (``--target-return 400``) or at the budget.  Prints a markdown table: per mode, setting
@@ -36,25 +37,25 @@ def main() -> int:
     parser.add_argument("--total-steps", type=int, default=500_000)
     parser.add_argument("--out", type=Path, default=Path("runs/design_defaults"))
     parser.add_argument("--timeout-s", type=float, default=1800)
+    parser.add_argument("--modes", nargs="+", default=list(registry.MODES),
+                        choices=registry.MODES, help="the designs to run (default: all)")
     args = parser.parse_args()
     shared = Config()
     rows = []
-    for design in registry.DESIGNS.values():
-        if not design.defaults:
-            continue
+    for design in (registry.design(mode) for mode in args.modes):
         own = " ".join(f"{name}={value}" for name, value in design.defaults)
         back = [a for name, _ in design.defaults
                 for a in (f"--{name.replace('_', '-')}", str(getattr(shared, name)))]
         theirs = " ".join(f"{name}={getattr(shared, name)}" for name, _ in design.defaults)
-        for label, extra in ((f"{own} (its defaults)", []), (f"{theirs} (shared)", back)):
+        settings = [(f"{own} (its defaults)", []), (f"{theirs} (shared)", back)] \
+            if design.defaults else [("the shared defaults (it has none of its own)", [])]
+        for label, extra in settings:
             for seed in args.seeds:
                 run = f"{design.name}-{'own' if not extra else 'shared'}-s{seed}"
                 argv = ["-m", "mpirl.run", "--mode", design.name, "--seed", str(seed),
                         "--total-steps", str(args.total_steps), "--target-return", "400",
                         "--run-dir", str(args.out), "--run-name",
                         f"{run}-{time.strftime('%H%M%S')}", *extra]
-                if registry.design(design.name).topology_use == "star":
-                    argv += ["--topology", "star"]
                 started = time.time()
                 done = subprocess.run(mpiexec_command(args.ranks, [sys.executable, *argv]),
                                       cwd=ROOT, env=mpi_env(), capture_output=True,

@@ -167,14 +167,16 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "a worker's gradient up, fresh parameters back to that worker",
            serving=_servers, deciding=lambda cfg, size: list(range(cfg.servers)),
            ledgers=("gradients", "snapshots"), topology_use="star", checkpoints="snapshots",
-           options=("servers", *PPO_LOSS_OPTIONS, *SERVER_OWNED)),
+           options=("servers", *PPO_LOSS_OPTIONS, *SERVER_OWNED),
+           defaults=(("topology", "star"),)),    # the only exchange it takes
     Design("quorum", "mpirl.designs.paramserver:run_quorum",
            "the server waits for --quorum fresh gradients, averages them, steps and answers: "
            "DPPO's leader",
            "gradients up, parameters back to the held workers",
            serving=lambda cfg: ("server",), deciding=lambda cfg, size: [0],
            ledgers=("gradients", "snapshots"), topology_use="star", checkpoints="snapshots",
-           options=("quorum", "late", *PPO_LOSS_OPTIONS, *SERVER_OWNED)),
+           options=("quorum", "late", *PPO_LOSS_OPTIONS, *SERVER_OWNED),
+           defaults=(("topology", "star"),)),
     Design("impala", "mpirl.designs.impala:run_impala",
            "ranks 0..L-1 learn with V-trace (--learners L), the others act: IMPALA",
            "whole unrolls up, parameters (or a version) back",

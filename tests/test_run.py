@@ -80,7 +80,7 @@ def test_sync_run_learns_cartpole(tmp_path):
     (["--env", "CartPol-v1"], "not a registered gymnasium id"),
     (["--num-envs", "many"], "argument --num-envs: invalid int value"),
     (["--total-steps", "10"], "less than one update"),
-    (["--mode", "async"], "topology='butterfly' is not allowed with it"),
+    (["--mode", "async", "--topology", "ring"], "topology='ring' is not allowed with it"),
     (["--mode", "quorum", "--topology", "star", "--quorum", "2"], "quorum=2; allowed with 2"),
     (["--straggler", "7:2"], "straggler rank 7 does not exist"),
     (["--straggler", "1x2"], "expected RANK:FACTOR"),

@@ -69,6 +69,9 @@ class Whole:
         self.update = update
         return self
 
+    def close(self) -> None:
+        """Nothing to end (:meth:`Overlap.close`'s twin)."""
+
     def wait(self) -> None:
         self.exchange.average(self.grad, self.update)
 
@@ -138,9 +141,16 @@ class Overlap:
             error, self._error = self._error, None
             raise error
 
+    def close(self) -> None:
+        """End the exchange's thread (nothing may be in flight: after :meth:`wait`)."""
+        self._queue.put(None)
+        self._thread.join()
+
     def _serve(self) -> None:
         while True:
             j = self._queue.get()
+            if j is None:
+                return
             t = time.perf_counter()
             try:
                 if self._error is None:          # after a failure: only count them down

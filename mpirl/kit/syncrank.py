@@ -287,6 +287,9 @@ class SyncRank:
         if self.commits is not None:
             self.commits.write_record(self.run_dir, exchange.rank)
             self.commits.discard()    # done: no attempt follows a finished one
+        if self.gradients is not None:
+            self.gradients.close()    # the overlap's thread ends
+        exchange.close()              # and own_comm's duplicate is freed
         return summary
 
 

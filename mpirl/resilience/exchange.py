@@ -39,8 +39,8 @@ class Exchange:
             raise ValueError("own_comm: a shrink rebuilds the topology on the team's comm")
         # own_comm: the topology on a duplicate (the same ranks, another context), so an
         # average in flight on a thread never shares a communicator with :meth:`collective`
-        self.topology = topologies.get(topology)(self.team.comm.Dup() if own_comm
-                                                 else self.team.comm)
+        self._own = self.team.comm.Dup() if own_comm else None
+        self.topology = topologies.get(topology)(self._own if own_comm else self.team.comm)
         self.team.on_shrink(self._rebuild)
         self._keep_copy = on_failure == "shrink"
         self._backup: Backup | None = None
@@ -51,6 +51,13 @@ class Exchange:
         self.update = 0               # the update of the last (or current) average
         self._earlier = CommStats()   # what the topologies before a rebuild moved
         self._shapes: list | None = None
+
+    def close(self) -> None:
+        """Free the duplicate communicator of ``own_comm`` (collective; nothing may be in
+        flight on it).  The topology is not used after."""
+        if self._own is not None:
+            self._own.Free()
+            self._own = None
 
     def describe(self, shapes: list[tuple[int, ...]]) -> None:
         """The tensors the averaged buffer holds (``Topology.describe``: PowerSGD's

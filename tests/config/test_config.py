@@ -161,3 +161,9 @@ def test_a_design_starts_from_its_own_defaults_where_the_user_set_nothing(tmp_pa
     Config(mode="gorila", topology="star", lr=1e-3).save(run / "config.yaml")
     assert parse_args(["--resume", str(run)]).lr == 1e-3
     assert "(default: 0.001; gorila: 0.0005)" in " ".join(build_parser().format_help().split())
+    # the server designs take only the star: it is their default, a flag still overrides
+    assert parse_args(["--mode", "async"]).topology == "star"
+    assert parse_args(["--mode", "quorum"]).topology == "star"
+    assert parse_args(["--mode", "sync"]).topology == "butterfly"
+    assert "(default: butterfly; async: star; quorum: star)" in \
+        " ".join(build_parser().format_help().split())
