@@ -8,7 +8,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 TOPOLOGY_COLORS = {"native": "#444444", "star": "#d62728", "tree": "#2ca02c",
-                   "butterfly": "#1f77b4", "ring": "#9467bd"}
+                   "butterfly": "#1f77b4", "ring": "#9467bd", "rabenseifner": "#1b3a8c",
+                   "hierarchical": "#b15928", "auto": "#d4a017"}
 MODE_STYLES = {"sync": "-", "async": "--", "quorum": ":", "gorila": "-."}
 
 
