@@ -1,0 +1,145 @@
+"""Parameter delivery in situ: impala trained with the per-actor push against
+``--param-delivery broadcast`` through ring, a learner and 7 actors on the emulated
+cluster at 100 Mbit/s and 1 Gbit/s.
+
+    python experiments/bench_delivery_training.py      # ~15 min on 2 cores, as root
+
+``experiments/bench_delivery.py`` times one delivery alone; this script asks what the
+choice does to a training run.  On its own emulated cluster (``mpirldtrn``, 8 nodes x 1
+rank, taken down at the end, also on error) ``python -m mpirl.run --mode impala`` trains
+a network of about 1.1 M float32 parameters (``--hidden 512 512 512``: 4.2 MiB per copy)
+on ``Delay-v0``, a simulator whose every step costs ``--cost-ms`` (sleep: a slow
+simulator such as OpenSim, without its CPU), 2 envs x 64 steps per unroll, parameters
+refreshed after every update (``--param-refresh unroll``, the default):
+
+* ``push``: each unroll's reply carries a whole copy to its actor (7 copies per round
+  out of the learner's link);
+* ``ring``: ``--param-delivery broadcast --topology ring``: one pipelined chain per
+  update, the learner sending one copy.
+
+The ways alternate (ABAB: the same conditions for both), ``--trials`` of each per link
+rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
+wall time, learner updates/s, the actors' env share (the rest is waiting on their sends
+and on parameters), mean policy lag, and the learner's link MiB per update.  Writes
+``results.md`` and ``results.json`` under ``--out`` (medians over trials).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NAME = "mpirldtrn"
+SUBNET = "10.231.93.0/24"
+NODES = 8
+RATES = ["100mbit", "1gbit"]
+WAYS = {"push": [], "ring": ["--param-delivery", "broadcast", "--topology", "ring"]}
+
+
+def run_args(cost_ms: float, unrolls: int, run_dir: Path, name: str) -> list[str]:
+    steps = unrolls * (NODES - 1) * 2 * 64
+    return ["python", "-m", "mpirl.run", "--mode", "impala", "--env", "Delay-v0",
+            "--env-arg", f"cost_s={cost_ms / 1e3}", "--env-arg", "obs_dim=41",
+            "--env-arg", "act_dim=18", "--hidden", "512", "512", "512",
+            "--num-envs", "2", "--rollout-steps", "64", "--total-steps", str(steps),
+            "--checkpoint-every", "0", "--log-every", "10", "--run-dir", str(run_dir),
+            "--run-name", name]
+
+
+def measure(run: Path) -> dict:
+    from mpirl.telemetry.read import load_run
+
+    s = json.loads((run / "summary.json").read_text())
+    if s["broadcasts_received"] != s["broadcasts_sent"] * (NODES - 1):
+        raise SystemExit(f"bench_delivery_training: {run.name}: {s['broadcasts_sent']} "
+                         f"broadcasts sent, {s['broadcasts_received']} joined")
+    u = load_run(run).updates
+    learner = u[u["rank"] == 0]
+    return {"steps_per_s": s["env_steps"] / s["wall_s"],
+            "updates_per_s": s["updates"] / s["wall_s"],
+            "actor_env_share": s["actor_env_share"], "policy_lag": s["mean_policy_lag"],
+            "learner_mib_per_update": float(learner["bytes_sent"].sum()) / s["updates"] / 2**20,
+            "params": s["gradient_bytes"] // 4, "broadcasts": s["broadcasts_sent"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="docs/figures/delivery")
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--unrolls", type=int, default=30, help="unrolls per actor")
+    parser.add_argument("--cost-ms", type=float, default=3.0)
+    parser.add_argument("--rewrite", action="store_true",
+                        help="rewrite training.md from --out's training.json, running nothing")
+    args = parser.parse_args()
+    out = (ROOT / args.out).resolve()
+    if args.rewrite:
+        write(out, json.loads((out / "training.json").read_text()), args)
+        return 0
+    from mpirl.cluster import lifecycle, net
+    from mpirl.cluster.launch import run as run_on
+
+    runs = out / "training-runs"
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {rate: {way: [] for way in WAYS} for rate in RATES}
+    with lifecycle.owned(NAME, NODES, SUBNET) as spec:
+        for rate in RATES:
+            net.set_rate(spec, rate)
+            for trial in range(args.trials):
+                for way, flags in WAYS.items():
+                    name = f"{rate}-{way}-{trial}"
+                    shutil.rmtree(runs / name, ignore_errors=True)
+                    code = run_on(spec, NODES, 1, [*run_args(args.cost_ms, args.unrolls, runs,
+                                                             name), *flags], timeout_s=900)
+                    if code != 0:
+                        raise SystemExit(f"bench_delivery_training: {name} exited {code}")
+                    results[rate][way].append(measure(runs / name))
+                    print(name, results[rate][way][-1], flush=True)
+    (out / "training.json").write_text(json.dumps(results, indent=1))
+    write(out, results, args)
+    shutil.rmtree(runs, ignore_errors=True)       # the table's numbers are in training.json
+    return 0
+
+
+def write(out: Path, results: dict, args) -> None:
+    import numpy as np
+
+    first = results[RATES[0]]["push"][0]
+    trials = len(results[RATES[0]]["push"])
+    lines = ["# Parameter delivery in a training run: impala, push against broadcast "
+             "(experiments/bench_delivery_training.py)", "",
+             f"Emulated cluster, {NODES} nodes x 1 rank: the learner and {NODES - 1} actors. "
+             f"impala with {first['params']:,} float32 parameters "
+             f"({first['params'] * 4 / 2**20:.2f} MiB per copy) on Delay-v0 at "
+             f"{args.cost_ms:g} ms a step, 2 envs x 64 steps per unroll, parameters refreshed "
+             "after every update; `push`: every unroll's reply carries a copy; `ring`: "
+             "`--param-delivery broadcast --topology ring`. The ways alternate, "
+             f"{trials} runs of each per link; medians over runs. Ratio: ring's steps/s over "
+             "push's.", "",
+             "| link | way | env steps/s | learner updates/s | actors' env share | "
+             "policy lag | learner link MiB / update | steps/s over push's |",
+             "|---|---|---|---|---|---|---|---|"]
+    for rate, ways in results.items():
+        med = {way: {k: float(np.median([t[k] for t in runs])) for k in runs[0]}
+               for way, runs in ways.items()}
+        for way in WAYS:
+            m = med[way]
+            lines.append(f"| {rate} | {way} | {m['steps_per_s']:.0f} | "
+                         f"{m['updates_per_s']:.2f} | {m['actor_env_share']:.0%} | "
+                         f"{m['policy_lag']:.2f} | {m['learner_mib_per_update']:.1f} | "
+                         f"{m['steps_per_s'] / med['push']['steps_per_s']:.2f} |")
+    lines += ["", "Env steps/s, run by run: " + "; ".join(
+        f"{rate} {way} " + " / ".join(f"{t['steps_per_s']:.0f}" for t in runs)
+        for rate, ways in results.items() for way, runs in ways.items()) + "."]
+    (out / "training.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
