@@ -82,25 +82,13 @@ def main() -> int:
     if args.rewrite:
         write(out, json.loads((out / "training.json").read_text()), args)
         return 0
-    from mpirl.cluster import lifecycle, net
-    from mpirl.cluster.launch import run as run_on
+    from mpirl.cluster.trials import alternate
 
     runs = out / "training-runs"
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {rate: {way: [] for way in WAYS} for rate in RATES}
-    with lifecycle.owned(NAME, NODES, SUBNET) as spec:
-        for rate in RATES:
-            net.set_rate(spec, rate)
-            for trial in range(args.trials):
-                for way, flags in WAYS.items():
-                    name = f"{rate}-{way}-{trial}"
-                    shutil.rmtree(runs / name, ignore_errors=True)
-                    code = run_on(spec, NODES, 1, [*run_args(args.cost_ms, args.unrolls, runs,
-                                                             name), *flags], timeout_s=900)
-                    if code != 0:
-                        raise SystemExit(f"bench_delivery_training: {name} exited {code}")
-                    results[rate][way].append(measure(runs / name))
-                    print(name, results[rate][way][-1], flush=True)
+    results = alternate((NAME, NODES, SUBNET), RATES, WAYS, args.trials, runs,
+                        lambda runs, name: run_args(args.cost_ms, args.unrolls, runs, name),
+                        measure)
     (out / "training.json").write_text(json.dumps(results, indent=1))
     write(out, results, args)
     shutil.rmtree(runs, ignore_errors=True)       # the table's numbers are in training.json

@@ -69,26 +69,14 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=30)
     parser.add_argument("--cost-ms", type=float, default=3.0)
     args = parser.parse_args()
-    from mpirl.cluster import lifecycle, net
-    from mpirl.cluster.launch import run as run_on
+    from mpirl.cluster.trials import alternate
 
     out = (ROOT / args.out).resolve()
     runs = out / "runs"
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {rate: {way: [] for way in WAYS} for rate in RATES}
-    with lifecycle.owned(NAME, NODES, SUBNET) as spec:
-        for rate in RATES:
-            net.set_rate(spec, rate)
-            for trial in range(args.trials):
-                for way, flags in WAYS.items():
-                    name = f"{rate}-{way}-{trial}"
-                    shutil.rmtree(runs / name, ignore_errors=True)
-                    code = run_on(spec, NODES, 1, [*run_args(args.cost_ms, args.updates, runs,
-                                                             name), *flags], timeout_s=900)
-                    if code != 0:
-                        raise SystemExit(f"bench_stale: {name} exited {code}")
-                    results[rate][way].append(measure(runs / name))
-                    print(name, results[rate][way][-1], flush=True)
+    results = alternate((NAME, NODES, SUBNET), RATES, WAYS, args.trials, runs,
+                        lambda runs, name: run_args(args.cost_ms, args.updates, runs, name),
+                        measure)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     write(out, results, args)
     shutil.rmtree(runs, ignore_errors=True)       # the figures' numbers are in results.json

@@ -1,0 +1,38 @@
+"""Training runs that take turns on a script's own emulated cluster: for each link rate,
+``trials`` rounds of every way once (ABAB: a noisy spell hits the ways alike), each run
+measured as it ends.  Used by the in-situ benchmarks (``experiments/bench_stale.py``,
+``experiments/bench_delivery_training.py``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from . import lifecycle, net
+from .launch import run as run_on
+
+
+def alternate(cluster: tuple[str, int, str], rates: list[str], ways: dict[str, list[str]],
+              trials: int, runs: Path, argv: Callable[[Path, str], list[str]],
+              measure: Callable[[Path], dict], *, timeout_s: float = 900) -> dict:
+    """``{rate: {way: [measure(run) per trial]}}``.  ``cluster`` is ``(name, nodes,
+    subnet)``, brought up for these runs and taken down after (also on error); every
+    node runs one rank of ``argv(runs, name) + ways[way]``.  A run that does not exit 0
+    stops the whole with SystemExit, naming it."""
+    name, nodes, subnet = cluster
+    results: dict = {rate: {way: [] for way in ways} for rate in rates}
+    with lifecycle.owned(name, nodes, subnet) as spec:
+        for rate in rates:
+            net.set_rate(spec, rate)
+            for trial in range(trials):
+                for way, flags in ways.items():
+                    run = f"{rate}-{way}-{trial}"
+                    shutil.rmtree(runs / run, ignore_errors=True)
+                    code = run_on(spec, nodes, 1, [*argv(runs, run), *flags],
+                                  timeout_s=timeout_s)
+                    if code != 0:
+                        raise SystemExit(f"{name}: run {run} exited {code}")
+                    results[rate][way].append(measure(runs / run))
+                    print(run, results[rate][way][-1], flush=True)
+    return results
