@@ -43,13 +43,10 @@ WAYS = {"push": [], "ring": ["--param-delivery", "broadcast", "--topology", "rin
 
 
 def run_args(cost_ms: float, unrolls: int, run_dir: Path, name: str) -> list[str]:
-    steps = unrolls * (NODES - 1) * 2 * 64
-    return ["python", "-m", "mpirl.run", "--mode", "impala", "--env", "Delay-v0",
-            "--env-arg", f"cost_s={cost_ms / 1e3}", "--env-arg", "obs_dim=41",
-            "--env-arg", "act_dim=18", "--hidden", "512", "512", "512",
-            "--num-envs", "2", "--rollout-steps", "64", "--total-steps", str(steps),
-            "--checkpoint-every", "0", "--log-every", "10", "--run-dir", str(run_dir),
-            "--run-name", name]
+    from mpirl.cluster.trials import slow_sim_argv
+
+    return slow_sim_argv(unrolls * (NODES - 1) * 2 * 64, run_dir, name, cost_ms,
+                         "--mode", "impala")
 
 
 def measure(run: Path) -> dict:

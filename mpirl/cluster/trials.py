@@ -36,3 +36,17 @@ def alternate(cluster: tuple[str, int, str], rates: list[str], ways: dict[str, l
                     results[rate][way].append(measure(runs / run))
                     print(run, results[rate][way][-1], flush=True)
     return results
+
+
+def slow_sim_argv(steps: int, run_dir: Path, name: str, cost_ms: float,
+                  *flags: str) -> list[str]:
+    """``python -m mpirl.run`` training a network of about 1.1 M float32 parameters
+    (4.2 MiB per copy) on ``Delay-v0`` at ``cost_ms`` a step (a slow simulator's time
+    without its CPU), 2 envs x 64 steps per rollout, for ``steps`` env steps; ``flags``
+    pick the design."""
+    return ["python", "-m", "mpirl.run", *flags, "--env", "Delay-v0",
+            "--env-arg", f"cost_s={cost_ms / 1e3}", "--env-arg", "obs_dim=41",
+            "--env-arg", "act_dim=18", "--hidden", "512", "512", "512",
+            "--num-envs", "2", "--rollout-steps", "64", "--total-steps", str(steps),
+            "--checkpoint-every", "0", "--log-every", "10", "--run-dir", str(run_dir),
+            "--run-name", name]
