@@ -2,7 +2,7 @@
 ``--param-delivery broadcast`` through ring, a learner and 7 actors on the emulated
 cluster at 100 Mbit/s and 1 Gbit/s.
 
-    python experiments/bench_delivery_training.py      # ~15 min on 2 cores, as root
+    python experiments/bench_delivery_training.py      # ~13 min on 2 cores, as root
 
 ``experiments/bench_delivery.py`` times one delivery alone; this script asks what the
 choice does to a training run.  On its own emulated cluster (``mpirldtrn``, 8 nodes x 1
@@ -21,7 +21,8 @@ The ways alternate (ABAB: the same conditions for both), ``--trials`` of each pe
 rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
 wall time, learner updates/s, the actors' env share (the rest is waiting on their sends
 and on parameters), mean policy lag, and the learner's link MiB per update.  Writes
-``results.md`` and ``results.json`` under ``--out`` (medians over trials).
+``training.md`` and ``training.json`` under ``--out`` (medians over trials; beside
+``bench_delivery.py``'s ``results.md``).
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ WAYS = {"push": [], "ring": ["--param-delivery", "broadcast", "--topology", "rin
 
 
 def run_args(cost_ms: float, unrolls: int, run_dir: Path, name: str) -> list[str]:
-    from mpirl.cluster.trials import slow_sim_argv
+    from mpirl.cluster.trials import SLOW_SIM_ROLLOUT, slow_sim_argv
 
-    return slow_sim_argv(unrolls * (NODES - 1) * 2 * 64, run_dir, name, cost_ms,
+    return slow_sim_argv(unrolls * (NODES - 1) * SLOW_SIM_ROLLOUT, run_dir, name, cost_ms,
                          "--mode", "impala")
 
 
@@ -62,7 +63,7 @@ def measure(run: Path) -> dict:
             "updates_per_s": s["updates"] / s["wall_s"],
             "actor_env_share": s["actor_env_share"], "policy_lag": s["mean_policy_lag"],
             "learner_mib_per_update": float(learner["bytes_sent"].sum()) / s["updates"] / 2**20,
-            "params": s["gradient_bytes"] // 4, "broadcasts": s["broadcasts_sent"]}
+            "params": s["gradient_bytes"] // 4}
 
 
 def main() -> int:

@@ -36,9 +36,9 @@ WAYS = {"plain": [], "stale": ["--one-step-stale"]}
 
 
 def run_args(cost_ms: float, updates: int, run_dir: Path, name: str) -> list[str]:
-    from mpirl.cluster.trials import slow_sim_argv
+    from mpirl.cluster.trials import SLOW_SIM_ROLLOUT, slow_sim_argv
 
-    return slow_sim_argv(updates * NODES * 2 * 64, run_dir, name, cost_ms,
+    return slow_sim_argv(updates * NODES * SLOW_SIM_ROLLOUT, run_dir, name, cost_ms,
                          "--topology", "ring")
 
 

@@ -38,12 +38,16 @@ def alternate(cluster: tuple[str, int, str], rates: list[str], ways: dict[str, l
     return results
 
 
+#: env steps one rank takes per rollout in :func:`slow_sim_argv`'s run (2 envs x 64 steps)
+SLOW_SIM_ROLLOUT = 2 * 64
+
+
 def slow_sim_argv(steps: int, run_dir: Path, name: str, cost_ms: float,
                   *flags: str) -> list[str]:
     """``python -m mpirl.run`` training a network of about 1.1 M float32 parameters
     (4.2 MiB per copy) on ``Delay-v0`` at ``cost_ms`` a step (a slow simulator's time
-    without its CPU), 2 envs x 64 steps per rollout, for ``steps`` env steps; ``flags``
-    pick the design."""
+    without its CPU), 2 envs x 64 steps per rollout (:data:`SLOW_SIM_ROLLOUT`), for
+    ``steps`` env steps; ``flags`` pick the design."""
     return ["python", "-m", "mpirl.run", *flags, "--env", "Delay-v0",
             "--env-arg", f"cost_s={cost_ms / 1e3}", "--env-arg", "obs_dim=41",
             "--env-arg", "act_dim=18", "--hidden", "512", "512", "512",
