@@ -308,6 +308,13 @@ class Topology(abc.ABC):
         offers the same call and redoes ``op`` after a failure."""
         return op(self.comm)
 
+    def communicators(self) -> list[MPI.Comm]:
+        """Every communicator this rank's exchange sends on: the one it was given, and any
+        it split from it (a node-aware topology's node and leaders).  Whoever makes
+        failures survivable (``mpirl.resilience``) revokes them all, so no rank stays
+        blocked on a communicator the failure never touched."""
+        return [self.comm]
+
     def layout(self) -> str | None:
         """One line on how the topology laid itself out over the ranks, where that is
         not evident from its name (the runtime prints it at start); None otherwise."""

@@ -104,6 +104,10 @@ class Hierarchical(Topology):
         if self.inner_topology is not None:
             self.inner_topology.stats = self.stats       # one set of counters for both levels
 
+    def communicators(self) -> list[MPI.Comm]:
+        inner = self.inner_topology.communicators() if self.inner_topology else []
+        return [self.comm, self.node, *inner]
+
     def _node_reduce(self, buf: np.ndarray) -> None:
         if self.per_node == 1:
             return

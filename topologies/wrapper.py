@@ -75,6 +75,9 @@ class Wrapper(Topology):
         the inner calls are made with ``inner_topology._sum`` (not counted again)."""
         raise NotImplementedError
 
+    def communicators(self) -> list[MPI.Comm]:
+        return self.inner_topology.communicators()
+
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         """The sum, compressed: for a topology that runs this one inside it."""
         self._compressed_sum(buf, False)

@@ -64,14 +64,6 @@ def check_resilience(cfg, world_size: int) -> None:
         raise ConfigError(f"on_failure='shrink' with mode={cfg.mode!r}: its {first} holds "
                           "the only copy of its state, so its failure cannot be survived; "
                           f"shrink is for mode {' or '.join(registry.modes(shrinkable=True))}")
-    if cfg.on_failure == "shrink" and cfg.topology == "hierarchical":
-        # a failure revokes the run's communicator, not the node and leader communicators
-        # split from it: a rank waiting in its node's broadcast for a leader that went on
-        # to the agreement would wait forever
-        raise ConfigError("on_failure='shrink' with topology='hierarchical': its node and "
-                          "leader communicators are not revoked with the run's, so a "
-                          "failure could leave ranks waiting; allowed: another topology, "
-                          "or on_failure 'stop'")
     at_least("checkpoint_every", cfg.checkpoint_every, 0)
     if cfg.resume:
         _check_resume(cfg, world_size)

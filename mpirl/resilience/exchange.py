@@ -42,6 +42,7 @@ class Exchange:
         self._own = self.team.comm.Dup() if own_comm else None
         self.topology = topologies.get(topology)(self._own if own_comm else self.team.comm)
         self.team.on_shrink(self._rebuild)
+        self.team.derived(lambda: self.topology.communicators())
         self._keep_copy = on_failure == "shrink"
         self._backup: Backup | None = None
         #: told what the rank waits in before each exchange (the watchdog's "now doing")

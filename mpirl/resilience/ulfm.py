@@ -23,8 +23,12 @@ failed ranks and abort).  ``--on-failure shrink`` (sync mode) lets the survivors
    copy this mode adds to the hot path, with one agreement per exchange).
 
 The topologies know nothing of this: they only move bytes on the communicator they are
-given.  What survives is decided by where the state lives: in sync mode every rank holds
-a full replica of parameters and optimizer, so any survivor set can carry on, whatever
+given, and name the communicators they split from it (``communicators()``: a
+node-aware topology's node and leaders), which are revoked with it, so a rank waiting in
+its node's broadcast for a leader that went on to the agreement is woken too.
+
+What survives is decided by where the state lives: in sync mode every rank holds a full
+replica of parameters and optimizer, so any survivor set can carry on, whatever
 the topology (the star's root is only a reducer there).  The parameter server of
 async/quorum holds the only copy of the parameters: its failure ends the run, which is
 why ``shrink`` is refused for those modes.
@@ -103,6 +107,7 @@ class Team:
         self.world = list(range(comm.Get_size()))
         self.events: list[FailureEvent] = []
         self._rebuild: list[Callable[[MPI.Comm], None]] = []
+        self._derived: Callable[[], list[MPI.Comm]] = list
         self._ulfm = unsupported() is None
         if self._ulfm:              # failures become exceptions on our own communicator
             self.comm = comm.Dup()
@@ -120,6 +125,26 @@ class Team:
         """Call ``rebuild(new_comm)`` after every shrink (to rebuild a topology on it)."""
         self._rebuild.append(rebuild)
 
+    def derived(self, communicators: Callable[[], list[MPI.Comm]]) -> None:
+        """The communicators split from :attr:`comm` that a protected operation also sends
+        on (a topology's ``communicators()``, asked again after every rebuild): failures
+        there surface as errors too, and a failure seen anywhere revokes them all, so a
+        rank blocked on one of them (in its node's broadcast, waiting for a leader that
+        went on to the agreement) is woken as well."""
+        self._derived = communicators
+        if self._ulfm:
+            for comm in self._extra():
+                comm.Set_errhandler(MPI.ERRORS_RETURN)
+
+    def _extra(self) -> list[MPI.Comm]:
+        return [c for c in self._derived() if c != MPI.COMM_NULL and c != self.comm]
+
+    def _revoke(self) -> None:
+        """Revoke :attr:`comm` and every derived communicator not yet revoked."""
+        for comm in [self.comm, *self._extra()]:
+            if not comm.Is_revoked():
+                comm.Revoke()
+
     def run(self, op: Callable[[MPI.Comm], T], what: str,
             restore: Callable[[], None] | None = None) -> T:
         """``op(comm)``, agreed by every survivor; after a failure, ``restore()`` puts the
@@ -132,12 +157,12 @@ class Team:
             if self.policy == "stop":
                 if seen is None:
                     return result
-                self.comm.Revoke()    # every rank blocked on this communicator gets an error
+                self._revoke()        # every rank blocked on these communicators gets an error
                 raise PeerFailed(f"rank(s) {self._failed_world_ranks() or '?'} failed ({what}) "
                                  f"after {seen - entered:.1f} s; ending the job "
                                  "(--on-failure shrink carries on without them, in sync mode)")
             if seen is not None:      # wake ranks blocked on live peers that wait on us
-                self.comm.Revoke()
+                self._revoke()
             if self._agree(seen is None):
                 return result
             self._recover(entered, time.monotonic() if seen is None else seen)
@@ -164,8 +189,7 @@ class Team:
             return False
 
     def _recover(self, entered: float, seen: float) -> None:
-        if not self.comm.Is_revoked():
-            self.comm.Revoke()
+        self._revoke()
         new = self.comm.Shrink()
         new.Set_errhandler(MPI.ERRORS_RETURN)
         survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
@@ -176,6 +200,7 @@ class Team:
         old.Free()
         for rebuild in self._rebuild:
             rebuild(self.comm)
+        self.derived(self._derived)          # the rebuilt topology's own communicators
         self.events.append(FailureEvent(failed=lost, unix_s=time.time(),
                                         detect_s=seen - entered,
                                         recover_s=time.monotonic() - seen,

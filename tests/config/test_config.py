@@ -68,8 +68,6 @@ def test_missing_file_is_reported(tmp_path):
      "cost_params='p.json' applies to topology auto only"),
     ({"topology": "auto", "cost_params": "/nonexistent/params.json"},
      "auto: cannot read cost-model parameters from '/nonexistent/params.json'"),
-    ({"topology": "hierarchical", "on_failure": "shrink"},
-     "on_failure='shrink' with topology='hierarchical'"),
 ])
 def test_validation_names_field_and_allowed_values(changes, fragment):
     cfg = Config(**changes)

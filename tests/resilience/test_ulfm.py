@@ -100,12 +100,17 @@ def check_survived(run_dir, ranks, dead, out, budget):
     return summary, detect
 
 
-# master-free topologies, a non-power-of-two survivor count, rank 0 (the writer) lost
-@pytest.mark.parametrize("topology, dead", [("tree", 0), ("ring", 2)])
+# master-free topologies, a non-power-of-two survivor count, rank 0 (the writer) lost;
+# hierarchical over emulated nodes of 2 ({0, 1}, {2, 3}): a node's leader lost (its
+# partner waits in the node's broadcast, the other leader in the leaders' ring) and a
+# non-leader lost (its leader sees it in the node's reduce)
+@pytest.mark.parametrize("topology, dead", [
+    ("tree", 0), ("ring", 2),
+    ("hierarchical --node-size 2", 2), ("hierarchical --node-size 2", 1)])
 def test_survivors_shrink_and_finish_on_every_topology(ulfm, tmp_path, topology, dead):
     budget = 1600
-    job = started(["--topology", topology, "--on-failure", "shrink", "--total-steps",
-                   str(budget), "--fail", f"{dead}@6:exit"], tmp_path, "s")
+    job = started(["--topology", *topology.split(), "--on-failure", "shrink",
+                   "--total-steps", str(budget), "--fail", f"{dead}@6:exit"], tmp_path, "s")
     code, out = finish(job)
     summary, detect = check_survived(tmp_path / "s", 4, dead, out, budget)
     assert summary["updates"] > 6 and max(detect) < 15, detect
