@@ -5,7 +5,9 @@
 Writes ``latency.png`` (allreduce time vs size per exchange, at each cap, one rank per
 node, with the alpha-beta-gamma model fitted on that layout and cap drawn dashed),
 ``nodes.png`` (layouts with several ranks per node: the flat exchanges against the
-node-aware ``hierarchical``, time against size and bytes over each link),
+node-aware ``hierarchical``, time against size and bytes over each link; hierarchical
+dashed as the two-level model predicts it from the fits of a one-node layout ``1xR``
+and of one rank per node: :func:`two_level`),
 ``bottleneck.png`` (bytes through each node's link per 4 MiB allreduce, and the time
 of each topology against its bandwidth term: star 2(N-1), tree 2 log N, butterfly
 log N, ring 2(N-1)/N times n over the link's payload rate, headers counted against the
@@ -25,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from mpirl.cluster.net import payload_s_per_byte, tbf_bucket_bytes
-from mpirl.study.costmodel import coefficients, errors, fit
+from mpirl.study.costmodel import coefficients, errors, fit, predict_levels
 from mpirl.telemetry.read import load_bench
 
 TOPOLOGIES = ["star", "tree", "butterfly", "ring"]
@@ -34,7 +36,9 @@ COLOURS = {"native": "black", "star": "tab:red", "tree": "tab:orange",
            "hierarchical": "tab:brown"}
 #: the exchanges compared where nodes hold several ranks (the node-aware one among them)
 NODE_AWARE = ["native", "butterfly", "ring", "rabenseifner", "hierarchical"]
-RATE_ORDER = {"100mbit": 0, "1gbit": 1, "off": 2}
+RATE_ORDER = {"100mbit": 0, "1gbit": 1, "off": 2, "shm": 3}
+#: the "cap" of a one-node layout run without a cluster: shared memory, no link
+SHM = "shm"
 #: smallest message the capped fits use
 FIT_FROM = 64 << 10
 
@@ -51,6 +55,7 @@ def load(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise SystemExit(f"analysis.cluster: error: no bench files under {folder} (run "
                          "experiments/bench_cluster.py)")
     bench = bench[bench["op"] == "allreduce"].copy()
+    bench.loc[(bench["rate"] == "") & (bench["nodes"] == 1), "rate"] = SHM
     links_path = folder / "links.json"
     links = pd.DataFrame(json.loads(links_path.read_text())) if links_path.exists() \
         else pd.DataFrame()
@@ -62,21 +67,49 @@ def fitted(bench: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     and the fitted parameters by (nodes, ranks, cap)."""
     parts, fits = [], {}
     for key, part in bench.groupby(["nodes", "ranks", "rate"]):
+        # hierarchical with several ranks per node has two levels (:func:`two_level`),
+        # which one fit of one set of parameters cannot price: it is left out of the fit
+        one_level = part[~((part["ranks"] > part["nodes"]) & (part["nodes"] > 1)
+                           & part["topology"].str.startswith("hierarchical"))]
         # under a cap: beta from the link (its rate, headers included) and its token
         # bucket, the rest (alpha, gamma, delta, the bucket's refill) fitted where the
         # claim is made, from 64 KiB up; uncapped, all four fitted on everything
-        if key[2] != "off":
-            params, _ = fit(part[part["bytes"] >= FIT_FROM], beta=payload_s_per_byte(key[2]),
-                            burst=tbf_bucket_bytes(key[2]))
+        if key[2] not in ("off", SHM):
+            params, _ = fit(one_level[one_level["bytes"] >= FIT_FROM],
+                            beta=payload_s_per_byte(key[2]), burst=tbf_bucket_bytes(key[2]))
         else:
-            params, _ = fit(part)
-        # the ranks talk over the nodes' links: each direction works at once
-        params = replace(params, duplex_links=True)
+            params, _ = fit(one_level)
+        # the ranks talk over the nodes' links: each direction works at once (one node:
+        # shared memory, where the ranks' CPUs do the copies)
+        params = replace(params, duplex_links=key[2] != SHM)
         fits[tuple(key)] = params
         out = errors(params, part)
         out["beta_gbit"] = 8 / params.beta / 1e9 if params.beta else np.nan
         parts.append(out)
-    return pd.concat(parts, ignore_index=True), fits
+    return two_level(pd.concat(parts, ignore_index=True), fits), fits
+
+
+def two_level(table: pd.DataFrame, fits: dict) -> pd.DataFrame:
+    """``hierarchical`` where nodes hold several ranks, predicted by the two-level model
+    (:func:`mpirl.study.costmodel.predict_levels`): its node level with the fit of one
+    node of as many ranks (``1xR``, shared memory), its link level with the fit of one
+    rank per node at the same node count and cap.  Those rows' ``model`` is "two-level"
+    (NaN where either fit is missing); every other row keeps its layout's own one-level
+    fit ("one-level")."""
+    out = table.copy()
+    out["model"] = "one-level"
+    for i, r in out.iterrows():
+        per_node = r["ranks"] // r["nodes"]
+        if per_node < 2 or not str(r["topology"]).startswith("hierarchical"):
+            continue
+        node = fits.get((1, per_node, SHM))
+        link = fits.get((r["nodes"], r["nodes"], r["rate"]))
+        predicted = np.nan if node is None or link is None else predict_levels(
+            node, link, r["op"], r["topology"], int(r["nodes"]), int(per_node),
+            float(r["bytes"]))
+        out.loc[i, ["predicted_s", "rel_error", "model"]] = [
+            predicted, predicted / r["avg_s"] - 1.0, "two-level"]
+    return out
 
 
 def training(folders: list[str], fits: dict) -> pd.DataFrame:
@@ -215,14 +248,15 @@ def bottleneck_figure(links: pd.DataFrame, path: Path) -> None:
 
 
 def several_per_node(table: pd.DataFrame) -> pd.DataFrame:
-    return table[table["ranks"] > table["nodes"]]
+    return table[(table["ranks"] > table["nodes"]) & (table["nodes"] > 1)]
 
 
 def nodes_figure(table: pd.DataFrame, links: pd.DataFrame, path: Path) -> None:
     """Layouts with several ranks per node: allreduce time against size for the flat
     exchanges and the node-aware one (one panel per layout and cap), and the bytes
-    through each node's link per 4 MiB allreduce.  No model line: the one-level model
-    counts every message as crossing a link."""
+    through each node's link per 4 MiB allreduce.  Dashed: ``hierarchical`` as the
+    two-level model predicts it (:func:`two_level`); the flat exchanges get no model
+    line, since the one-level model counts every message as crossing a link."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -243,6 +277,9 @@ def nodes_figure(table: pd.DataFrame, links: pd.DataFrame, path: Path) -> None:
                 if not rows.empty:
                     ax.loglog(rows["bytes"], rows["avg_s"] * 1e3, "o-", ms=3, label=topo,
                               color=COLOURS[topo], lw=2.2 if topo == "hierarchical" else 1.2)
+                if topo == "hierarchical" and rows["predicted_s"].notna().any():
+                    ax.loglog(rows["bytes"], rows["predicted_s"] * 1e3, "--",
+                              color=COLOURS[topo], lw=1.2, label="hierarchical, two-level model")
             ax.set_title(f"{nodes} nodes x {ranks // nodes} ranks, cap {rate}", fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
             ax.set_xlabel("message size (bytes)")
@@ -296,6 +333,31 @@ def nodes_table(table: pd.DataFrame, links: pd.DataFrame) -> str:
             lines.append(f"| {nodes} x {ranks // nodes} | {rate} | link MiB | "
                          + " | ".join(f"{sent.get(x, np.nan):.1f}" for x in NODE_AWARE)
                          + " | |")
+    return "\n".join(lines) + "\n\n" + levels_table(multi)
+
+
+def levels_table(multi: pd.DataFrame) -> str:
+    """``hierarchical`` measured against the two-level model, per layout, cap and size."""
+    rows = multi[(multi["topology"] == "hierarchical") & multi["predicted_s"].notna()
+                 & (multi["model"] == "two-level")]
+    if rows.empty:
+        return ""
+    lines = ["## hierarchical against the two-level model: ms measured / predicted "
+             "(predicted / measured - 1)", "",
+             "Node level: the fit of one node of as many ranks (`1xR`, shared memory); link "
+             "level: the fit of one rank per node at the same node count and cap.  Neither "
+             "fit saw a hierarchical run with several ranks per node.", ""]
+    sizes = sorted(rows["bytes"].unique())
+    lines += ["| layout | cap | " + " | ".join(f"{b >> 10} KiB" for b in sizes) + " |",
+              "|---|---|" + "---|" * len(sizes)]
+    for (nodes, ranks, rate), part in sorted(
+            rows.groupby(["nodes", "ranks", "rate"]),
+            key=lambda kv: (kv[0][0], kv[0][1], RATE_ORDER[kv[0][2]])):
+        by = part.set_index("bytes")
+        cells = [f"{by.loc[b, 'avg_s'] * 1e3:.1f} / {by.loc[b, 'predicted_s'] * 1e3:.1f} "
+                 f"({100 * by.loc[b, 'rel_error']:+.0f}%)" if b in by.index else ""
+                 for b in sizes]
+        lines.append(f"| {nodes} x {ranks // nodes} | {rate} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n"
 
 

@@ -16,6 +16,10 @@ and, at each cap (100 Mbit/s, 1 Gbit/s, uncapped):
 
 The emulated nodes share this machine's cores, so 8 ranks on 2 cores are oversubscribed:
 large messages at or below 1 Gbit/s are bound by the cap, small ones by scheduling.
+
+A layout of one node (``--layouts 1x2``) runs ``mpirl.bench`` on this machine without a
+cluster (shared memory, no cap: ``bench-1n-<R>r-shm.h5``): the node level of the
+two-level model that ``analysis.cluster`` draws for ``hierarchical``.
 """
 
 from __future__ import annotations
@@ -63,6 +67,25 @@ def probe(topology: str, nbytes: int, calls: int) -> None:
         print(json.dumps({"median_s": float(np.median(times)), "max_s": worst}))
 
 
+def one_node(ranks: int, sizes: list[str], rounds: int, out: Path, started: float) -> bool:
+    """``mpirl.bench`` over ``ranks`` ranks of this machine (shared memory, no link):
+    ``bench-1n-<R>r-shm.h5``, the node level of the two-level model."""
+    import subprocess
+
+    from mpirl.launch import mpi_env, mpiexec_command
+
+    tag = f"1n-{ranks}r-shm"
+    print(f"== {tag} ({time.monotonic() - started:.0f} s)", flush=True)
+    cmd = mpiexec_command(ranks, [sys.executable, "-m", "mpirl.bench", "--op", "allreduce",
+                                  "--sizes", *sizes, "--iters", "50", "--rounds",
+                                  str(rounds), "--out", str(out / f"bench-{tag}.h5")])
+    code = subprocess.run(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
+                          timeout=1800).returncode
+    if code != 0:
+        print(f"bench {tag} exited {code}", file=sys.stderr)
+    return code == 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,6 +122,10 @@ def main() -> int:
     started = time.monotonic()
     for nodes, per_node in layouts:
         ranks = nodes * per_node
+        if nodes == 1:              # one node: this machine's shared memory, no cluster
+            if not one_node(per_node, sizes, args.rounds, out, started):
+                return 1
+            continue
         with lifecycle.owned(NAME, nodes, SUBNET) as spec:
             for rate in rates:
                 net.set_rate(spec, rate)

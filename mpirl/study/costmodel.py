@@ -84,6 +84,29 @@ def predict(params: Params, op: str, exchange: str, p: int, n: float) -> float:
     return seconds(params, coefficients(op, exchange, p, n))
 
 
+def predict_levels(node: Params, link: Params, op: str, exchange: str, nodes: int,
+                   per_node: int, n: float) -> float:
+    """Seconds for a node-aware ``exchange`` (``hierarchical[:INNER]``) over ``nodes``
+    nodes of ``per_node`` ranks: its node level priced with ``node`` (alpha and beta
+    inside a node: shared memory, MPI's own reduce and broadcast, so no delta) plus its
+    link level with ``link`` (the leaders' inner topology, one rank per node: the fit of
+    a one-rank-per-node layout at the same cap).  KeyError for an exchange without
+    levels."""
+    import topologies
+
+    try:
+        cls = topologies.get(exchange)
+    except topologies.TopologyError:
+        raise KeyError(f"no cost model for {op} {exchange}") from None
+    if not hasattr(cls, "levels"):
+        raise KeyError(f"{exchange} has one level; predict it with predict()")
+    inside, across = cls.levels(op, nodes, per_node, n)
+    as_terms = [Terms(c.messages, c.bytes_moved, c.bytes_reduced, python, c.link_phases)
+                for c, python in ((inside, False),
+                                  (across, cls.inner_cls.from_python and nodes > 1))]
+    return seconds(node, as_terms[0]) + seconds(link, as_terms[1])
+
+
 def _row(op: str, exchange: str, p: int, n: float, eager: float, burst: float = 0.0,
          refill: float = 0.0) -> list[float] | None:
     try:

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from mpirl.study.costmodel import Params, coefficients, crossover, fit, link_bytes, predict
+from mpirl.study.costmodel import (Params, coefficients, crossover, fit, link_bytes, predict,
+                                   predict_levels)
 
 
 def test_formulas_count_messages_bytes_and_reductions():
@@ -77,6 +78,30 @@ def test_predict_on_a_token_bucket_link():
     assert predict(bucket, "allreduce", "star", 3, n) == pytest.approx(4e-5 + 38_000e-8)
     assert predict(bucket, "allreduce", "ring", 3, n) == \
         pytest.approx(4e-5 + (4 / 3 * n - 1000) * 1e-8)
+
+
+def test_two_levels_price_the_node_and_the_link_each_with_their_own_fit():
+    """hierarchical (ring among the leaders) at 4 nodes x 2 ranks, by hand: inside a node
+    a binomial reduce and broadcast (2 messages of n, n added once, MPI's own: no
+    delta); over the link the ring over 4 leaders (6 messages from Python, 1.5 n moved
+    and 0.75 n added)."""
+    node = Params(alpha=1e-6, beta=1e-10, gamma=1e-11, delta=5e-6)
+    link = Params(alpha=1e-4, beta=1e-8, gamma=2e-11, delta=3e-6)
+    n = 1 << 20
+    inside = 2 * 1e-6 + 2 * n * 1e-10 + n * 1e-11
+    across = 6 * (1e-4 + 3e-6) + 1.5 * n * 1e-8 + 0.75 * n * 2e-11
+    assert predict_levels(node, link, "allreduce", "hierarchical", 4, 2, n) == \
+        pytest.approx(inside + across)
+    # the link level is the inner topology over the leaders, whichever one it is
+    assert predict_levels(node, link, "allreduce", "hierarchical:butterfly", 4, 2, n) == \
+        pytest.approx(inside + predict(link, "allreduce", "butterfly", 4, n))
+    # one rank per node: no node level; one node: no link level
+    assert predict_levels(node, link, "allreduce", "hierarchical", 4, 1, n) == \
+        pytest.approx(across)
+    assert predict_levels(node, link, "allreduce", "hierarchical", 1, 2, n) == \
+        pytest.approx(inside)
+    with pytest.raises(KeyError, match="one level"):
+        predict_levels(node, link, "allreduce", "ring", 4, 2, n)
 
 
 def test_fit_with_a_held_beta_finds_the_buckets_refill():
