@@ -200,6 +200,8 @@ class Schedules:
         #: a temporary's id is reused by the next temporary, so only the same live array
         #: counts as seen
         self.sighted: OrderedDict[tuple, weakref.ref] = OrderedDict()
+        #: schedules recorded so far (a caller that makes them churn shows here)
+        self.recorded = 0
 
     def call(self, op: str, owner: np.ndarray, buf: np.ndarray, root: int,
              blocking: Callable[..., None], *args) -> None:
@@ -239,6 +241,7 @@ class Schedules:
 
     def _record(self, blocking: Callable[..., None], args: tuple) -> Schedule:
         topo = self.topo
+        self.recorded += 1
         schedule = Schedule(topo)
         topo._recording = schedule
         try:
