@@ -67,10 +67,8 @@ def fitted(bench: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     and the fitted parameters by (nodes, ranks, cap)."""
     parts, fits = [], {}
     for key, part in bench.groupby(["nodes", "ranks", "rate"]):
-        # hierarchical with several ranks per node has two levels (:func:`two_level`),
-        # which one fit of one set of parameters cannot price: it is left out of the fit
-        one_level = part[~((part["ranks"] > part["nodes"]) & (part["nodes"] > 1)
-                           & part["topology"].str.startswith("hierarchical"))]
+        # one fit of one set of parameters cannot price two levels: left out of the fit
+        one_level = part[~two_level_rows(part)]
         # under a cap: beta from the link (its rate, headers included) and its token
         # bucket, the rest (alpha, gamma, delta, the bucket's refill) fitted where the
         # claim is made, from 64 KiB up; uncapped, all four fitted on everything
@@ -89,6 +87,13 @@ def fitted(bench: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     return two_level(pd.concat(parts, ignore_index=True), fits), fits
 
 
+def two_level_rows(table: pd.DataFrame) -> pd.Series:
+    """Which rows are ``hierarchical`` over nodes of several ranks: two levels, priced by
+    :func:`two_level`, not by one layout's one-level fit."""
+    return table.index.isin(several_per_node(table).index) \
+        & table["topology"].str.startswith("hierarchical")
+
+
 def two_level(table: pd.DataFrame, fits: dict) -> pd.DataFrame:
     """``hierarchical`` where nodes hold several ranks, predicted by the two-level model
     (:func:`mpirl.study.costmodel.predict_levels`): its node level with the fit of one
@@ -98,10 +103,8 @@ def two_level(table: pd.DataFrame, fits: dict) -> pd.DataFrame:
     fit ("one-level")."""
     out = table.copy()
     out["model"] = "one-level"
-    for i, r in out.iterrows():
+    for i, r in out[two_level_rows(out)].iterrows():
         per_node = r["ranks"] // r["nodes"]
-        if per_node < 2 or not str(r["topology"]).startswith("hierarchical"):
-            continue
         node = fits.get((1, per_node, SHM))
         link = fits.get((r["nodes"], r["nodes"], r["rate"]))
         predicted = np.nan if node is None or link is None else predict_levels(
@@ -338,8 +341,7 @@ def nodes_table(table: pd.DataFrame, links: pd.DataFrame) -> str:
 
 def levels_table(multi: pd.DataFrame) -> str:
     """``hierarchical`` measured against the two-level model, per layout, cap and size."""
-    rows = multi[(multi["topology"] == "hierarchical") & multi["predicted_s"].notna()
-                 & (multi["model"] == "two-level")]
+    rows = multi[(multi["model"] == "two-level") & multi["predicted_s"].notna()]
     if rows.empty:
         return ""
     lines = ["## hierarchical against the two-level model: ms measured / predicted "

@@ -67,6 +67,12 @@ def probe(topology: str, nbytes: int, calls: int) -> None:
         print(json.dumps({"median_s": float(np.median(times)), "max_s": worst}))
 
 
+def bench_args(sizes: list[str], rounds: int, out_file: Path) -> list[str]:
+    """``mpirl.bench``'s arguments, the same for every layout (after the Python)."""
+    return ["-m", "mpirl.bench", "--op", "allreduce", "--sizes", *sizes, "--iters", "50",
+            "--rounds", str(rounds), "--out", str(out_file)]
+
+
 def one_node(ranks: int, sizes: list[str], rounds: int, out: Path, started: float) -> bool:
     """``mpirl.bench`` over ``ranks`` ranks of this machine (shared memory, no link):
     ``bench-1n-<R>r-shm.h5``, the node level of the two-level model."""
@@ -76,9 +82,8 @@ def one_node(ranks: int, sizes: list[str], rounds: int, out: Path, started: floa
 
     tag = f"1n-{ranks}r-shm"
     print(f"== {tag} ({time.monotonic() - started:.0f} s)", flush=True)
-    cmd = mpiexec_command(ranks, [sys.executable, "-m", "mpirl.bench", "--op", "allreduce",
-                                  "--sizes", *sizes, "--iters", "50", "--rounds",
-                                  str(rounds), "--out", str(out / f"bench-{tag}.h5")])
+    cmd = mpiexec_command(ranks, [sys.executable,
+                                  *bench_args(sizes, rounds, out / f"bench-{tag}.h5")])
     code = subprocess.run(cmd, cwd=ROOT, env=mpi_env({"PYTHONPATH": str(ROOT)}),
                           timeout=1800).returncode
     if code != 0:
@@ -133,9 +138,7 @@ def main() -> int:
                 print(f"== {tag} ({time.monotonic() - started:.0f} s)", flush=True)
                 bench = out / f"bench-{tag}.h5"
                 code = run_on(spec, ranks, per_node,
-                              ["python", "-m", "mpirl.bench", "--op", "allreduce", "--sizes",
-                               *sizes, "--iters", "50", "--rounds", str(args.rounds), "--out",
-                               str(bench)],
+                              ["python", *bench_args(sizes, args.rounds, bench)],
                               timeout_s=1800)
                 if code != 0:
                     print(f"bench {tag} exited {code}", file=sys.stderr)
