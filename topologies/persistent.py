@@ -29,7 +29,12 @@ requests point at its memory).  At most :data:`KEPT` schedules are kept per topo
 the least recently used dropped first, and a buffer is planned only when the same live
 array comes back (among the last :data:`SIGHTED` seen), so a caller passing a fresh
 array each call pays nothing and pins nothing, and buffers that take turns
-(``--overlap``'s buckets) are each planned.  Requests are freed when a schedule is
+(``--overlap``'s buckets) are each planned.  A call whose schedule was dropped to make
+room (among the last :data:`DROPPED`) is not planned again but takes the blocking path:
+a caller cycling through more calls than are kept (top-k's leader, whose broadcast has
+a new root every call, more buckets than :data:`KEPT`) would otherwise record, drop and
+record again forever; this way the calls that fit stay planned and the rest pay
+nothing more than the blocking path.  Requests are freed when a schedule is
 dropped or collected and at interpreter exit, before mpi4py finalizes MPI; when a
 replay fails (a dead peer, a mismatched length) the requests its ``Waitall`` left
 unfinished are left to MPI instead (freeing one still active towards a dead peer is
@@ -73,6 +78,8 @@ KEPT = 4
 #: that take turns, as ``--overlap``'s buckets or a cast's per-length buffers, come back
 #: every update but not twice in a row)
 SIGHTED = 2 * KEPT
+#: calls whose schedule was dropped for room, remembered so as not to plan them again
+DROPPED = 4 * KEPT
 
 
 class Schedule:
@@ -200,7 +207,10 @@ class Schedules:
         #: a temporary's id is reused by the next temporary, so only the same live array
         #: counts as seen
         self.sighted: OrderedDict[tuple, weakref.ref] = OrderedDict()
-        #: schedules recorded so far (a caller that makes them churn shows here)
+        #: the last DROPPED keys whose schedule was dropped to make room, each with a weak
+        #: reference to its array: while that array lives, the call takes the blocking path
+        self.dropped: OrderedDict[tuple, weakref.ref] = OrderedDict()
+        #: schedules recorded so far (each call's at most once, while DROPPED remembers it)
         self.recorded = 0
 
     def call(self, op: str, owner: np.ndarray, buf: np.ndarray, root: int,
@@ -218,6 +228,12 @@ class Schedules:
         key = (op, root, id(owner), buf.size, buf.dtype.num)
         schedule = self.kept.get(key)
         if schedule is None:
+            dropped = self.dropped.get(key)
+            if dropped is not None:
+                if dropped() is owner:          # planned once and dropped for room: churn
+                    blocking(*args)
+                    return
+                del self.dropped[key]           # another array that took a dead one's id
             seen = self.sighted.pop(key, None)
             if seen is None or seen() is not owner:    # first sight: plain, remembered
                 self.sighted[key] = weakref.ref(owner)
@@ -229,7 +245,7 @@ class Schedules:
             schedule.owner = owner
             self.kept[key] = schedule
             if len(self.kept) > KEPT:
-                self.kept.popitem(last=False)[1].free()
+                self._drop(*self.kept.popitem(last=False))
         else:
             self.kept.move_to_end(key)
         try:
@@ -238,6 +254,13 @@ class Schedules:
             del self.kept[key]
             schedule.abandon()
             raise
+
+    def _drop(self, key: tuple, schedule: Schedule) -> None:
+        """Free the least recently used schedule, remembering its call as dropped."""
+        self.dropped[key] = weakref.ref(schedule.owner)
+        if len(self.dropped) > DROPPED:
+            self.dropped.popitem(last=False)
+        schedule.free()
 
     def _record(self, blocking: Callable[..., None], args: tuple) -> Schedule:
         topo = self.topo
@@ -258,3 +281,4 @@ class Schedules:
             schedule.free()
         self.kept.clear()
         self.sighted.clear()
+        self.dropped.clear()

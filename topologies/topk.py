@@ -42,7 +42,6 @@ import math
 
 import numpy as np
 
-from . import persistent
 from .base import Cost, TopologyError, in_sequence
 from .wrapper import Wrapper, inner_cost
 
@@ -93,14 +92,10 @@ class TopK(Wrapper):
         if self.rank == leader:
             self._index[:] = self._top(acc, k)
         # the indices travel as their four bytes (a bcast adds nothing: bits exact).  The
-        # leader takes turns, so a schedule per leader (topologies.persistent) would churn
-        # once the leaders and the values' allreduce outnumber the schedules kept: from
-        # there the broadcast takes the blocking path (the same messages)
+        # leader takes turns: a schedule per leader, those that do not fit in the kept
+        # schedules taking the blocking path (topologies.persistent)
         bits = self._index_bits
-        if self.size < persistent.KEPT:
-            self.inner_topology._broadcast(bits, bits, leader)
-        else:
-            self.inner_topology._bcast(bits, leader)
+        self.inner_topology._broadcast(bits, bits, leader)
         index, values = self._index, self._values
         np.take(acc, index, out=values)
         self.inner_topology._sum(values, values)

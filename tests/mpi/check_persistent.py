@@ -118,6 +118,28 @@ def check_turns(topo, problems: list[str]) -> None:
                         f"{len(topo._schedules.kept)} schedules, not 3")
 
 
+def check_churn(name: str) -> None:
+    """More arrays taking turns than schedules are kept: each is recorded at most once,
+    those dropped for room take the blocking path, and the sums stay right."""
+    topo = topologies.get(name)(comm)
+    turns = [np.ones(30 + i, np.float32) for i in range(persistent.KEPT + 2)]
+    problems, recorded = [], []
+    for _ in range(8):
+        for a in turns:
+            a.fill(1.0)
+            topo.allreduce(a)
+            if not np.all(a == size):
+                problems.append(f"rank {rank}: a sum of ones is not {size}")
+        recorded.append(topo._schedules.recorded)
+    if recorded[-1] > len(turns) or recorded[3] != recorded[-1]:
+        problems.append(f"rank {rank}: schedules recorded after each round {recorded}: "
+                        f"still recording, or more than one per array")
+    if len(topo._schedules.kept) != persistent.KEPT:
+        problems.append(f"rank {rank}: {len(topo._schedules.kept)} schedules kept, "
+                        f"not {persistent.KEPT}")
+    report(f"{name} records each of more turns than it keeps once", problems)
+
+
 def check_replay_sees_mismatch(extra: int) -> None:
     """Rank 0 replays; rank 1 answers with ``1000 + extra`` elements on the round's tag."""
     topo = butterfly.Butterfly(comm)
@@ -150,6 +172,7 @@ def main() -> None:
         if topologies.get(name).persistent:
             check_replays(name)
             check_what_is_planned(name)
+            check_churn(name)
     for spec in ("hierarchical:butterfly:1", "fp16:butterfly"):
         check_nested(spec)
     if size == 2:
