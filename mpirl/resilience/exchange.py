@@ -4,11 +4,15 @@ Every collective of a synchronous design goes through an :class:`Exchange`.  Und
 ``--on-failure shrink`` (ULFM, :mod:`mpirl.resilience.ulfm`) it owns the recovery, the
 way Horovod's elastic ``State`` does: a failed allreduce is agreed by the survivors,
 the communicator shrinks, the topology is rebuilt on it, the gradient is put back from
-its saved copy and the allreduce redone, and the loop that called it never sees the
-retry; it only finds fewer ranks in :attr:`size` afterwards.  Every failure survived is
-handed to ``failed(update, event)`` (the log's ``failures`` table), whichever of the
-exchange's collectives saw it: the allreduce of ``update``, or a collective after it (a
-checksum, a progress line, the stop check), which names the last update averaged.
+its saved copy and the allreduce redone.  A topology with state (error feedback's
+residuals, top-k's turn, PowerSGD's warm start) is rebuilt with its state from *before*
+the failed call: survivors that finished the call before the failure showed elsewhere
+had moved theirs on, and the redo would start from different states on different ranks.
+The loop that called it never sees the retry; it only finds fewer ranks in :attr:`size`
+afterwards.  Every failure survived is handed to ``failed(update, event)`` (the log's
+``failures`` table), whichever of the exchange's collectives saw it: the allreduce of
+``update``, or a collective after it (a checksum, a progress line, the stop check),
+which names the last update averaged.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class Exchange:
         self.team.derived(lambda: self.topology.communicators())
         self._keep_copy = on_failure == "shrink"
         self._backup: Backup | None = None
+        #: the topology's state before the average in progress (under shrink, for a
+        #: topology with state), what a rebuild during that average starts from
+        self._before: dict | None = None
         #: told what the rank waits in before each exchange (the watchdog's "now doing")
         self.announce: Callable[[str], None] = announce or (lambda what: None)
         #: told of each failure survived, with the update whose exchange saw it
@@ -112,8 +119,12 @@ class Exchange:
                 self._backup = Backup(buf)
             self._backup.save()
             restore = self._backup.restore
+            self._before = self.topology.state()      # {} for a topology without state
         self.update = update
-        self._run(lambda c: self.topology.allreduce(buf, average=True), where, restore)
+        try:
+            self._run(lambda c: self.topology.allreduce(buf, average=True), where, restore)
+        finally:
+            self._before = None
 
     def bcast(self, buf: np.ndarray, root: int = 0) -> None:
         """Rank ``root``'s ``buf`` on every rank (at start: not protected)."""
@@ -143,7 +154,9 @@ class Exchange:
         for name in CommStats.__slots__:
             setattr(self._earlier, name, getattr(self._earlier, name)
                     + getattr(self.topology.stats, name))
-        state = self.topology.state()           # this rank's residual survives the shrink
+        # this rank's residuals survive the shrink: as they were before the average in
+        # progress, if the failure showed in one (a rank that finished it moved them on)
+        state = self._before if self._before is not None else self.topology.state()
         self.topology = topologies.get(self.name)(comm)
         if self._shapes is not None:
             self.topology.describe(self._shapes)

