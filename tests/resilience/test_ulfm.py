@@ -155,6 +155,22 @@ def test_butterfly_survives_a_kill_9(ulfm, tmp_path):
     assert "mpirl: rank 2 (pid" in out and "died without a word" in out
 
 
+def test_a_killed_actor_ends_a_broadcast_delivery_run_naming_it(ulfm, tmp_path):
+    """impala with ``--param-delivery broadcast`` through ring under Open MPI: an actor's
+    kill -9 leaves the learner and the other actors in the ring's broadcasts and their
+    channels; they see MPI_ERR_PROC_FAILED and the job ends, the sentinel naming it."""
+    run_dir = tmp_path / "d"
+    with started(["--mode", "impala", "--param-delivery", "broadcast", "--topology", "ring",
+                  "--total-steps", "10000000", *SLOW], tmp_path, "d") as job:
+        status = job.reached(run_dir, 3, 5)
+        os.kill(status["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        code, out = finish(job, timeout_s=60)
+    took = time.monotonic() - killed
+    assert code != 0 and took < 15, (took, out[-3000:])
+    assert f"mpirl: rank 3 (pid {status['pid']} on " in out and "died without a word" in out
+
+
 def test_on_failure_stop_names_the_rank_under_ulfm(ulfm, tmp_path):
     job = started(["--topology", "butterfly", "--total-steps", "1600", "--fail", "2@5:exit"],
                   tmp_path, "x", nranks=3)
