@@ -62,8 +62,9 @@ CASES: dict[str, tuple[int, list[str], bool]] = {
                                               "--learning-starts", "300", "--replay-batch",
                                               "64", "--total-steps", "1500"], mode != "sync-replay")
        for mode, env, n, flags in (
-           ("sync-replay", "CartPole-v1", 3, ["--topology", "ring"]),
-           ("sync-replay", "Pendulum-v1", 3, ["--max-grad-norm", "0"]),
+           # --update-repeat 1: sync-replay's default before it took 8 of its own
+           ("sync-replay", "CartPole-v1", 3, ["--topology", "ring", "--update-repeat", "1"]),
+           ("sync-replay", "Pendulum-v1", 3, ["--max-grad-norm", "0", "--update-repeat", "1"]),
            ("apex", "Pendulum-v1", 4, ["--max-grad-norm", "0"]),
            ("gorila", "Pendulum-v1", 3, ["--max-grad-norm", "0"]))},
     # the stop rule with a target reached early (the deciding rank's book)

@@ -160,7 +160,11 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "every rank's gradient, averaged by the topology's allreduce; transitions stay "
            "on their rank",
            serving=lambda cfg: (), learner="replay", ledgers=("gradients", "transitions"),
-           topology_use="allreduce"),
+           topology_use="allreduce",
+           # 8 updates per rollout (4 samples per env step at 4 ranks of 64 steps, SB3
+           # zoo's DQN takes 32): with 1, DQN collapsed on CartPole for 1 seed in 3;
+           # experiments/bench_design_defaults.py measures both
+           defaults=(("update_repeat", 8),)),
     Design("async", "mpirl.designs.paramserver:run_async",
            "rank 0 is a parameter server that applies each worker's gradient on arrival and "
            "answers that worker alone: A3C; --servers S shards it",

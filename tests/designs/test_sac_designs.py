@@ -70,7 +70,8 @@ def test_sync_replay_keeps_replicas_identical_with_their_own_replays(tmp_path, e
 def test_sync_replay_counts_transitions_not_repeated_env_steps(tmp_path):
     # --action-repeat 3: each transition is 3 env steps; the replays hold transitions
     _, s = train(tmp_path, 2, "--mode", "sync-replay", *SAC, "--action-repeat", "3",
-                 "--total-steps", "1200", "--learning-starts", "300", "--checksum-every", "5")
+                 "--total-steps", "1200", "--learning-starts", "300", "--checksum-every", "5",
+                 "--update-repeat", "1")
     assert s["env_steps"] == 1200 and s["transitions_inserted"] == 400
     assert s["updates"] == 200 - 150 + 1          # warm from the 150th rollout of 2 ranks
     with h5py.File(tmp_path / "r" / "rank0001.h5", "r") as f:
