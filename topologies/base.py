@@ -169,6 +169,18 @@ def ceil_log2(p: int) -> int:
     return math.ceil(math.log2(p)) if p > 1 else 0
 
 
+def doubling_rounds(name: str, nodes: int, per_node: int) -> tuple[int, int]:
+    """``(inside, across)``: of a distance-doubling algorithm's rounds (distance 1, 2, 4,
+    ...) over ``nodes`` nodes of ``per_node`` consecutive ranks, those whose partners share
+    a node (distance below ``per_node``) and those whose partners are all on other nodes.
+    KeyError unless both counts are powers of two (a fold's extra rounds cross the link
+    or not depending on where the extra ranks sit: no two-level model of it)."""
+    if nodes < 1 or per_node < 1 or nodes & (nodes - 1) or per_node & (per_node - 1):
+        raise KeyError(f"no two-level model of {name} over {nodes} nodes x {per_node} ranks: "
+                       "it needs powers of two of both")
+    return ceil_log2(per_node), ceil_log2(nodes)
+
+
 def check_env() -> None:
     """Raise TopologyError when an environment setting the topologies read is bad
     (:data:`topologies.persistent.ENV_MAX_BYTES`); called when a topology is built."""
@@ -287,6 +299,20 @@ class Topology(abc.ABC):
         if op not in OPS:
             raise no_model(cls.name, op)
         return NO_COST if p == 1 else cls._cost(op, p, n)
+
+    @classmethod
+    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
+        """``(node level, link level)``: the cost of ``op`` of ``n`` bytes over ``nodes``
+        nodes of ``per_node`` consecutive ranks, split into the rounds whose messages stay
+        inside a node and those that cross the nodes' links, where the bytes that a node's
+        ranks send over its link in one round add up (they share it).  KeyError where the
+        topology has no such model (one level: :meth:`cost`)."""
+        raise KeyError(f"{cls.name} has one level; predict it with predict()")
+
+    @classmethod
+    def levels_from_python(cls, nodes: int) -> tuple[bool, bool]:
+        """Whether each of :meth:`levels`' levels sends from Python (delta applies)."""
+        return cls.from_python, cls.from_python
 
     def describe(self, shapes: list[tuple[int, ...]]) -> None:
         """The tensors the exchanged buffer holds, in order, for an exchange that compresses

@@ -47,7 +47,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import Cost, Topology, fold as pof2_fold
+from .base import NO_COST, Cost, Topology, doubling_rounds, fold as pof2_fold
 from .tree import Tree, binomial_bcast
 
 _TAG_FOLD = 31
@@ -110,6 +110,18 @@ class Butterfly(Topology):
             steps, extra = math.log2(q), float(r > 0)
             return Cost(steps + 2 * extra, (steps + 2 * extra) * n, (steps + extra) * n)
         return Tree.cost(op, p, n)          # bcast: the binomial tree's
+
+    @classmethod
+    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
+        """Recursive doubling over consecutive ranks: the rounds at distances below
+        ``per_node`` stay inside a node; in each later one every rank of a node sends
+        its whole buffer over the node's link at once (``per_node * n`` bytes on it)."""
+        if op != "allreduce":
+            raise KeyError(f"no two-level model of {cls.name} {op}")
+        inside, across = doubling_rounds(cls.name, nodes, per_node)
+        node = Cost(inside, inside * n, inside * n) if inside else NO_COST
+        link = Cost(across, across * per_node * n, across * n) if across else NO_COST
+        return node, link
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
         super().__init__(comm, root=root)

@@ -83,6 +83,11 @@ class Hierarchical(Topology):
         return Tree.cost(op, per_node, n), cls.inner_cls.cost(op, nodes, n)
 
     @classmethod
+    def levels_from_python(cls, nodes: int) -> tuple[bool, bool]:
+        # the node level is MPI's own reduce and broadcast; the link level the inner's
+        return False, cls.inner_cls.from_python and nodes > 1
+
+    @classmethod
     def _cost(cls, op: str, p: int, n: float) -> Cost:
         per_node = min(p, cls.node_size) if cls.node_size else p
         node, link = cls.levels(op, math.ceil(p / per_node), per_node, n)

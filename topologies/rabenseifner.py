@@ -50,7 +50,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import Cost, Topology, fold as pof2_fold
+from .base import NO_COST, Cost, Topology, doubling_rounds, fold as pof2_fold
 from .butterfly import fold, fold_in, fold_out, rank_of
 from .ring import chunk_bounds
 from .tree import Tree, binomial_bcast
@@ -97,6 +97,22 @@ class Rabenseifner(Topology):
             return Cost(2 * steps + 2 * extra, 2 * (q - 1) / q * n + 2 * extra * n,
                         (q - 1) / q * n + extra * n)
         return Tree.cost(op, p, n)          # bcast: the binomial tree's
+
+    @classmethod
+    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
+        """Halving with distance doubling, then its mirror: round ``k`` (distance
+        ``2**k``) moves ``n / 2**(k+1)`` per rank, so the large early halves stay inside
+        a node and only the small late ones cross, every rank of a node at once: per
+        node ``n (1 - 1/nodes)`` each way over the link, as MPI's own allreduce sends."""
+        if op != "allreduce":
+            raise KeyError(f"no two-level model of {cls.name} {op}")
+        inside, across = doubling_rounds(cls.name, nodes, per_node)
+        p = nodes * per_node
+        node = Cost(2 * inside, 2 * (1 - 1 / per_node) * n, (1 - 1 / per_node) * n) \
+            if inside else NO_COST
+        link = Cost(2 * across, 2 * (1 - 1 / nodes) * n, (1 / per_node - 1 / p) * n) \
+            if across else NO_COST
+        return node, link
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
         super().__init__(comm, root=root)

@@ -35,7 +35,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import Cost, Topology, _msg
+from .base import NO_COST, Cost, Topology, _msg
 
 _TAG_REDUCE_SCATTER = 41
 _TAG_ALLGATHER = 42
@@ -62,6 +62,19 @@ class Ring(Topology):
         segment = DEFAULT_SEGMENT_BYTES                        # bcast: a pipelined chain
         messages = p - 2 + max(1, math.ceil(n / segment))
         return Cost(messages, messages * min(n, segment), 0.0)
+
+    @classmethod
+    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
+        """Over consecutive ranks every step has one message per node that crosses its
+        link (the node's last rank to the next node's first) and waits for it: with more
+        than one node the whole ring is paid at the link's alpha and beta, one message
+        per link per step (no sharing)."""
+        if op != "allreduce":
+            raise KeyError(f"no two-level model of {cls.name} {op}")
+        if nodes < 1 or per_node < 1:
+            raise KeyError(f"no two-level model of ring over {nodes} nodes x {per_node} ranks")
+        whole = cls.cost(op, nodes * per_node, n)
+        return (NO_COST, whole) if nodes > 1 else (whole, NO_COST)
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Cost, Topology, ceil_log2
+from .base import NO_COST, Cost, Topology, ceil_log2, doubling_rounds
 
 _TAG_REDUCE = 21
 _TAG_BCAST = 22
@@ -63,6 +63,18 @@ class Tree(Topology):
         if op == "allreduce":
             return Cost(2 * rounds, 2 * rounds * n, rounds * n, link_phases=2)
         return Cost(rounds, rounds * n, 0.0)                   # bcast
+
+    @classmethod
+    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
+        """Reduce and broadcast by distance doubling over consecutive ranks: a round's
+        partners share a node while the distance is below ``per_node``; above it, the
+        senders are ``2 * distance`` apart, so at most one per node crosses its link."""
+        if op != "allreduce":
+            raise KeyError(f"no two-level model of {cls.name} {op}")
+        inside, across = doubling_rounds(cls.name, nodes, per_node)
+        node, link = (Cost(2 * k, 2 * k * n, k * n, link_phases=2) if k else NO_COST
+                      for k in (inside, across))
+        return node, link
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         size, root = self.size, self.root

@@ -84,26 +84,37 @@ def predict(params: Params, op: str, exchange: str, p: int, n: float) -> float:
     return seconds(params, coefficients(op, exchange, p, n))
 
 
+def has_levels(exchange: str, op: str = "allreduce") -> bool:
+    """Whether ``exchange`` has a two-level model of ``op`` (:func:`predict_levels`)."""
+    import topologies
+
+    try:
+        topologies.get(exchange).levels(op, 2, 2, 1.0)
+    except (KeyError, topologies.TopologyError):
+        return False
+    return True
+
+
 def predict_levels(node: Params, link: Params, op: str, exchange: str, nodes: int,
                    per_node: int, n: float) -> float:
-    """Seconds for a node-aware ``exchange`` (``hierarchical[:INNER]``) over ``nodes``
-    nodes of ``per_node`` ranks: its node level priced with ``node`` (alpha and beta
-    inside a node: shared memory, MPI's own reduce and broadcast, so no delta) plus its
-    link level with ``link`` (the leaders' inner topology, one rank per node: the fit of
-    a one-rank-per-node layout at the same cap).  KeyError for an exchange without
-    levels."""
+    """Seconds for ``exchange`` over ``nodes`` nodes of ``per_node`` consecutive ranks,
+    each of its two levels (the topology's ``levels``) priced with its own fit: the rounds
+    inside a node with ``node`` (alpha and beta of shared memory: the fit of one node of
+    as many ranks) and those over the links with ``link`` (the fit of one rank per node at
+    the same node count and cap).  ``hierarchical`` is a node level of MPI's own reduce
+    and broadcast (no delta) and its inner topology over the leaders; a flat exchange
+    (tree, butterfly, ring, rabenseifner) is its own rounds, split by where their partners
+    are.  KeyError for an exchange without a two-level model."""
     import topologies
 
     try:
         cls = topologies.get(exchange)
     except topologies.TopologyError:
         raise KeyError(f"no cost model for {op} {exchange}") from None
-    if not hasattr(cls, "levels"):
-        raise KeyError(f"{exchange} has one level; predict it with predict()")
     inside, across = cls.levels(op, nodes, per_node, n)
-    as_terms = [Terms(c.messages, c.bytes_moved, c.bytes_reduced, python, c.link_phases)
-                for c, python in ((inside, False),
-                                  (across, cls.inner_cls.from_python and nodes > 1))]
+    python = cls.levels_from_python(nodes)
+    as_terms = [Terms(c.messages, c.bytes_moved, c.bytes_reduced, py, c.link_phases)
+                for c, py in zip((inside, across), python, strict=True)]
     return seconds(node, as_terms[0]) + seconds(link, as_terms[1])
 
 

@@ -101,7 +101,23 @@ def test_two_levels_price_the_node_and_the_link_each_with_their_own_fit():
     assert predict_levels(node, link, "allreduce", "hierarchical", 1, 2, n) == \
         pytest.approx(inside)
     with pytest.raises(KeyError, match="one level"):
-        predict_levels(node, link, "allreduce", "ring", 4, 2, n)
+        predict_levels(node, link, "allreduce", "native", 4, 2, n)
+
+
+def test_a_flat_exchange_over_nodes_pays_each_round_at_its_level():
+    """butterfly at 4 nodes x 2 ranks, by hand: its first round inside a node (one
+    message of n, n added), its two later rounds over the link, each with both ranks of
+    a node sending n over it (2 messages, 4 n on the link, 2 n added); all from Python."""
+    node = Params(alpha=1e-6, beta=1e-10, gamma=1e-11, delta=5e-6)
+    link = Params(alpha=1e-4, beta=1e-8, gamma=2e-11, delta=3e-6)
+    n = 1 << 20
+    inside = (1e-6 + 5e-6) + n * 1e-10 + n * 1e-11
+    across = 2 * (1e-4 + 3e-6) + 4 * n * 1e-8 + 2 * n * 2e-11
+    assert predict_levels(node, link, "allreduce", "butterfly", 4, 2, n) == \
+        pytest.approx(inside + across)
+    # ring: every step waits for the message crossing a link
+    assert predict_levels(node, link, "allreduce", "ring", 4, 2, n) == \
+        pytest.approx(predict(link, "allreduce", "ring", 8, n))
 
 
 def test_fit_with_a_held_beta_finds_the_buckets_refill():

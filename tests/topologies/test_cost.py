@@ -263,3 +263,89 @@ def test_auto_reads_fitted_parameters_and_refuses_a_bad_file(tmp_path):
     for path in (bad, tmp_path / "missing.json"):
         with pytest.raises(topologies.TopologyError, match="cannot read cost-model"):
             topologies.get(f"auto:{path}")
+
+
+def schedule(name, p, n):
+    """The rounds of ``name``'s allreduce over ``p`` ranks (a power of two), written out
+    message by message: per round, (source, destination, bytes, bytes the destination
+    adds)."""
+    lg = int(math.log2(p))
+    if name == "butterfly":
+        return [[(r, r ^ (1 << k), n, n) for r in range(p)] for k in range(lg)]
+    if name == "rabenseifner":           # halving with distance doubling, then its mirror
+        halving = [[(r, r ^ (1 << k), n / 2 ** (k + 1), n / 2 ** (k + 1)) for r in range(p)]
+                   for k in range(lg)]
+        doubling = [[(r, r ^ (1 << k), n / 2 ** (k + 1), 0.0) for r in range(p)]
+                    for k in reversed(range(lg))]
+        return halving + doubling
+    if name == "tree":                   # binomial reduce to rank 0, then broadcast
+        reduce = [[(r, r - (1 << k), n, n) for r in range(p) if r % (2 << k) == 1 << k]
+                  for k in range(lg)]
+        bcast = [[(d, s, b, 0.0) for s, d, b, _ in rnd] for rnd in reversed(reduce)]
+        return reduce + bcast
+    assert name == "ring"
+    return [[(r, (r + 1) % p, n / p, n / p if step < p - 1 else 0.0) for r in range(p)]
+            for step in range(2 * (p - 1))]
+
+
+def by_levels(rounds, per_node):
+    """Sum each level's terms from the schedule: a round is inside a node when every
+    message stays in its node; a round that crosses is paid at the link, with the bytes
+    that one node's ranks send over its link in that round added up (they share it)."""
+    node, link = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+    for rnd in rounds:
+        crossing = [m for m in rnd if m[0] // per_node != m[1] // per_node]
+        level = link if crossing else node
+        out: dict[int, float] = {}
+        for src, _, b, _ in crossing or rnd:
+            out[src // per_node if crossing else src] = \
+                out.get(src // per_node if crossing else src, 0.0) + b
+        level[0] += 1
+        level[1] += max(out.values())
+        level[2] += max(m[3] for m in rnd)
+    return tuple(node), tuple(link)
+
+
+@pytest.mark.parametrize("name", ["butterfly", "rabenseifner", "tree", "ring"])
+def test_a_flat_exchanges_two_levels_are_its_rounds_split_by_where_partners_are(name):
+    cls = topologies.get(name)
+    for nodes in (1, 2, 4, 8):
+        for per in (1, 2, 4, 8):
+            p = nodes * per
+            if p == 1:
+                continue
+            for n in (0.0, 1000.0, 3.5 * S):
+                node, link = by_levels(schedule(name, p, n), per)
+                got = cls.levels("allreduce", nodes, per, n)
+                assert_terms(terms(got[0]), node)
+                assert_terms(terms(got[1]), link)
+                # one node: all of it inside; one rank per node: all of it over the link
+                whole = terms(cls.cost("allreduce", p, n))
+                if nodes == 1:
+                    assert_terms(terms(got[0]), whole)
+                if per == 1:
+                    assert_terms(terms(got[1]), whole)
+
+
+def test_two_levels_send_over_each_link_what_the_cluster_measured():
+    """MiB each node sent over its link per 4 MiB allreduce on the emulated cluster
+    (docs/figures/nodes/results.md): 4 x 2 ring 7.0, butterfly 16.0, rabenseifner 6.0;
+    2 x 4 ring 7.0, butterfly 16.0, rabenseifner 4.0."""
+    n = 4.0
+    measured = {(4, 2): {"ring": 7.0, "butterfly": 16.0, "rabenseifner": 6.0},
+                (2, 4): {"ring": 7.0, "butterfly": 16.0, "rabenseifner": 4.0}}
+    for (nodes, per), sent in measured.items():
+        for name, mib in sent.items():
+            link = topologies.get(name).levels("allreduce", nodes, per, n)[1]
+            # what one node sends over its link (ring: one crossing rank per step;
+            # butterfly and rabenseifner: all of its ranks at once, sharing it)
+            assert link.bytes_moved == pytest.approx(mib), (name, nodes, per)
+
+
+def test_no_two_level_model_where_the_fold_decides_what_crosses():
+    for name in ("butterfly", "rabenseifner", "tree"):
+        with pytest.raises(KeyError, match="powers of two"):
+            topologies.get(name).levels("allreduce", 3, 2, 1.0)
+    for name in ("native", "star", "auto"):
+        with pytest.raises(KeyError, match="one level"):
+            topologies.get(name).levels("allreduce", 4, 2, 1.0)
