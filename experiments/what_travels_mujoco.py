@@ -12,7 +12,10 @@ budget in wall time instead: each is launched as users launch it (``mpiexec -n 4
 limit stops it (SIGTERM: every rank ends at its next boundary, logs closed).  What a
 design's traffic, waits and learner cost is then read where it matters: the return
 reached per second of the machine.  A point whose logs already cover the minutes (or
-whose run ended by itself) is not run again.
+whose run ended by itself) is not run again.  ``--sweep`` takes another sweep file of
+Hopper points (``experiments/obs_norm_mujoco.yaml``: observation normalization on and off
+in async and impala); a curve's label is its design plus every field whose value differs
+between that design's points, so two settings never share a line.
 
 The curves come from the runs' HDF5 logs (every episode of every rank, with its time
 and the env steps of all ranks by then), not from progress lines, so a run stopped
@@ -49,6 +52,22 @@ def design(point: Point) -> str:
     mode = point.config["mode"]
     return f"{point.config['topology']}/{mode}" if mode in ("sync", "async", "quorum",
                                                             "sync-replay") else mode
+
+
+def labels(points: list[Point]) -> dict[str, str]:
+    """Each point's curve label: its design, and ``field=value`` for every field (but the
+    seed) whose value differs between that design's points, so no two settings share a
+    line or a table row."""
+    by_design: dict[str, list[Point]] = {}
+    for point in points:
+        by_design.setdefault(design(point), []).append(point)
+    out = {}
+    for name, group in by_design.items():
+        fields = sorted({k for p in group for k in p.config} - {"seed"})
+        varying = [k for k in fields if len({repr(p.config.get(k)) for p in group}) > 1]
+        for p in group:
+            out[p.name] = " ".join([name, *(f"{k}={p.config.get(k)}" for k in varying)])
+    return out
 
 
 def curve(run_dir: Path) -> dict | None:
@@ -101,14 +120,14 @@ def run_point(point: Point, minutes: float, runs: Path) -> dict:
     return found
 
 
-def table(results: dict[str, list[tuple[int, dict]]], minutes: float) -> str:
+def table(results: dict[str, list[tuple[int, dict]]], minutes: float, sweep: Path) -> str:
     def cell(values: list[float], fmt: str) -> str:
         v = np.array(values, dtype=float)
         std = v.std(ddof=1) if len(v) > 1 else 0.0
         return f"{format(v.mean(), fmt)} +- {format(std, fmt)}"
 
-    lines = [f"Hopper-v5 at 4 ranks, every design for {minutes:g} minutes of wall time on "
-             "this machine (experiments/what_travels_mujoco.yaml's settings); mean +- std "
+    lines = [f"Hopper-v5 at 4 ranks, every design for at most {minutes:g} minutes of wall "
+             f"time on this machine (experiments/{sweep.name}'s settings); mean +- std "
              "over seeds.  Final return: the mean of every rank's last 20 episodes.", "",
              "| design | seeds | env steps | env steps/s | final return |",
              "|---|---|---|---|---|"]
@@ -128,7 +147,8 @@ def smooth(values: np.ndarray, n: int = 20) -> np.ndarray:
     return (csum[1:] - csum[np.arange(1, len(values) + 1) - k]) / k
 
 
-def figure(results: dict[str, list[tuple[int, dict]]], path: Path) -> None:
+def figure(results: dict[str, list[tuple[int, dict]]], path: Path,
+           title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -147,8 +167,7 @@ def figure(results: dict[str, list[tuple[int, dict]]], path: Path) -> None:
     for ax in (by_time, by_steps):
         ax.grid(alpha=0.3)
     by_time.legend(fontsize=7, ncol=2)
-    fig.suptitle("Hopper-v5, 4 ranks, the same wall time per design (one line per seed)",
-                 fontsize=10)
+    fig.suptitle(f"{title} (one line per seed)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -178,13 +197,15 @@ def main(argv: list[str] | None = None) -> None:
     if not points:
         parser.error("no point of the sweep file has these designs and seeds")
     results: dict[str, list[tuple[int, dict]]] = {}
+    label = labels(points)
     for point in points:
         found = run_point(point, args.minutes, args.runs)
-        results.setdefault(design(point), []).append((point.config["seed"], found))
+        results.setdefault(label[point.name], []).append((point.config["seed"], found))
     args.out.mkdir(parents=True, exist_ok=True)
-    text = table(results, args.minutes)
+    text = table(results, args.minutes, args.sweep)
     (args.out / "results.md").write_text(text)
-    figure(results, args.out / "curves.png")
+    figure(results, args.out / "curves.png",
+           " ".join(str(load(args.sweep).definition.get("description", "")).split()))
     print(text)
 
 
