@@ -55,19 +55,11 @@ def design(point: Point) -> str:
 
 
 def labels(points: list[Point]) -> dict[str, str]:
-    """Each point's curve label: its design, and ``field=value`` for every field (but the
-    seed) whose value differs between that design's points, so no two settings share a
-    line or a table row."""
-    by_design: dict[str, list[Point]] = {}
-    for point in points:
-        by_design.setdefault(design(point), []).append(point)
-    out = {}
-    for name, group in by_design.items():
-        fields = sorted({k for p in group for k in p.config} - {"seed"})
-        varying = [k for k in fields if len({repr(p.config.get(k)) for p in group}) > 1]
-        for p in group:
-            out[p.name] = " ".join([name, *(f"{k}={p.config.get(k)}" for k in varying)])
-    return out
+    """Each point's curve label: its design and the fields that tell its group apart
+    (analysis's :func:`~analysis.load.group_labels`), so two settings never share a line."""
+    from analysis.load import group_labels
+
+    return group_labels({p.name: (design(p), p.config) for p in points})
 
 
 def curve(run_dir: Path) -> dict | None:
