@@ -169,16 +169,44 @@ def ceil_log2(p: int) -> int:
     return math.ceil(math.log2(p)) if p > 1 else 0
 
 
-def doubling_rounds(name: str, nodes: int, per_node: int) -> tuple[int, int]:
-    """``(inside, across)``: of a distance-doubling algorithm's rounds (distance 1, 2, 4,
-    ...) over ``nodes`` nodes of ``per_node`` consecutive ranks, those whose partners share
-    a node (distance below ``per_node``) and those whose partners are all on other nodes.
-    KeyError unless both counts are powers of two (a fold's extra rounds cross the link
-    or not depending on where the extra ranks sit: no two-level model of it)."""
-    if nodes < 1 or per_node < 1 or nodes & (nodes - 1) or per_node & (per_node - 1):
-        raise KeyError(f"no two-level model of {name} over {nodes} nodes x {per_node} ranks: "
-                       "it needs powers of two of both")
-    return ceil_log2(per_node), ceil_log2(nodes)
+#: one message of a round of a schedule (:meth:`Topology.rounds`): (source rank,
+#: destination rank, bytes, bytes the destination adds into its buffer)
+Message = tuple[int, int, float, float]
+
+
+def split_levels(rounds: list[list[Message]], per_node: int,
+                 link_phases: int = 1) -> tuple[Cost, Cost]:
+    """``(node level, link level)`` of a schedule run over nodes of ``per_node``
+    consecutive ranks (rank // per_node is the node).
+
+    A round whose messages all stay inside their nodes is paid at the node level: one
+    latency, the most bytes one rank sends or receives in it, the most it adds.  A round
+    with a message that crosses is paid at the link level (the rest of it, in shared
+    memory, runs meanwhile): one latency, and the most bytes that one node's ranks send,
+    or receive, over its link in that round, added up (they share the link; full
+    duplex).  Folds, a pipelined chain and every other schedule are priced by the same
+    rule, wherever their partners happen to sit."""
+    totals = {False: [0.0, 0.0, 0.0], True: [0.0, 0.0, 0.0]}
+    for messages in rounds:
+        if not messages:
+            continue
+        crossing = [m for m in messages if m[0] // per_node != m[1] // per_node]
+        sent: dict[int, float] = {}
+        received: dict[int, float] = {}
+        for src, dst, nbytes, _ in crossing or messages:
+            src, dst = (src // per_node, dst // per_node) if crossing else (src, dst)
+            sent[src] = sent.get(src, 0.0) + nbytes
+            received[dst] = received.get(dst, 0.0) + nbytes
+        added: dict[int, float] = {}
+        for _, dst, _, reduced in messages:
+            added[dst] = added.get(dst, 0.0) + reduced
+        level = totals[bool(crossing)]
+        level[0] += 1
+        level[1] += max(*sent.values(), *received.values())
+        level[2] += max(added.values())
+    node, link = (Cost(*totals[k], link_phases=link_phases) if totals[k][0] else NO_COST
+                  for k in (False, True))
+    return node, link
 
 
 def check_env() -> None:
@@ -301,13 +329,27 @@ class Topology(abc.ABC):
         return NO_COST if p == 1 else cls._cost(op, p, n)
 
     @classmethod
+    def rounds(cls, op: str, p: int, n: float, root: int = 0) -> list[list[Message]]:
+        """The schedule of ``op`` of ``n`` bytes over ``p`` ranks (``root``: the tree's
+        root, the broadcast's source), written out message by message, round by round:
+        what :meth:`levels` splits by where each message's partners sit.  Each rank's
+        messages and bytes are those its algorithm sends (``tests/mpi/check_topologies.py``
+        compares them with its :class:`CommStats`).  KeyError where the topology states
+        none (MPI's own algorithms, star: one level, :meth:`cost`)."""
+        raise KeyError(f"{cls.name} has one level; predict it with predict()")
+
+    @classmethod
     def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
         """``(node level, link level)``: the cost of ``op`` of ``n`` bytes over ``nodes``
-        nodes of ``per_node`` consecutive ranks, split into the rounds whose messages stay
-        inside a node and those that cross the nodes' links, where the bytes that a node's
-        ranks send over its link in one round add up (they share it).  KeyError where the
-        topology has no such model (one level: :meth:`cost`)."""
-        raise KeyError(f"{cls.name} has one level; predict it with predict()")
+        nodes of ``per_node`` consecutive ranks, its :meth:`rounds` split into those whose
+        messages stay inside a node and those that cross the nodes' links
+        (:func:`split_levels`), at any node and rank counts.  KeyError where the topology
+        has no such model (one level: :meth:`cost`)."""
+        if nodes < 1 or per_node < 1:
+            raise KeyError(f"no two-level model of {cls.name} over {nodes} nodes x "
+                           f"{per_node} ranks")
+        p = nodes * per_node
+        return split_levels(cls.rounds(op, p, n), per_node, cls.cost(op, p, n).link_phases)
 
     @classmethod
     def levels_from_python(cls, nodes: int) -> tuple[bool, bool]:

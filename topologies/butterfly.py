@@ -47,7 +47,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import NO_COST, Cost, Topology, doubling_rounds, fold as pof2_fold
+from .base import Cost, Message, Topology, fold as pof2_fold, no_model
 from .tree import Tree, binomial_bcast
 
 _TAG_FOLD = 31
@@ -97,6 +97,19 @@ def fold_out(topo: Topology, buf: np.ndarray, tag: int, newrank: int, pof2: int)
             topo._send(buf, rank - 1, tag)
 
 
+def fold_rounds(p: int, n: float, core: list[list[Message]]) -> list[list[Message]]:
+    """``core``'s rounds (written on newranks, the pof2 participants) on real ranks,
+    wrapped in MPICH's fold: the even ranks of the first ``2r`` send their buffer to the
+    odd one above, which adds it; at the end each odd rank sends the result back."""
+    q, r = pof2_fold(p)
+    real = [[(rank_of(src, p), rank_of(dst, p), nbytes, added)
+             for src, dst, nbytes, added in messages] for messages in core]
+    if not r:
+        return real
+    return [[(2 * i, 2 * i + 1, n, n) for i in range(r)], *real,
+            [(2 * i + 1, 2 * i, n, 0.0) for i in range(r)]]
+
+
 class Butterfly(Topology):
     """Recursive doubling (butterfly) allreduce with MPICH's non-power-of-two fold."""
 
@@ -112,16 +125,18 @@ class Butterfly(Topology):
         return Tree.cost(op, p, n)          # bcast: the binomial tree's
 
     @classmethod
-    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
-        """Recursive doubling over consecutive ranks: the rounds at distances below
-        ``per_node`` stay inside a node; in each later one every rank of a node sends
-        its whole buffer over the node's link at once (``per_node * n`` bytes on it)."""
+    def rounds(cls, op: str, p: int, n: float, root: int = 0) -> list[list[Message]]:
+        """The fold, then in round k every participant and its partner at distance 2**k
+        swap whole buffers: over consecutive ranks the rounds at distances below the ranks
+        per node stay inside a node, and in each later one every rank of a node sends
+        over its link at once.  Broadcast: the tree's."""
+        if op == "bcast":
+            return Tree.rounds(op, p, n, root)
         if op != "allreduce":
-            raise KeyError(f"no two-level model of {cls.name} {op}")
-        inside, across = doubling_rounds(cls.name, nodes, per_node)
-        node = Cost(inside, inside * n, inside * n) if inside else NO_COST
-        link = Cost(across, across * per_node * n, across * n) if across else NO_COST
-        return node, link
+            raise no_model(cls.name, op)
+        q = pof2_fold(p)[0]
+        return fold_rounds(p, n, [[(v, v ^ mask, n, n) for v in range(q)]
+                                  for mask in (1 << k for k in range(q.bit_length() - 1))])
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
         super().__init__(comm, root=root)

@@ -50,8 +50,8 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import NO_COST, Cost, Topology, doubling_rounds, fold as pof2_fold
-from .butterfly import fold, fold_in, fold_out, rank_of
+from .base import Cost, Message, Topology, fold as pof2_fold, no_model
+from .butterfly import fold, fold_in, fold_out, fold_rounds, rank_of
 from .ring import chunk_bounds
 from .tree import Tree, binomial_bcast
 
@@ -99,20 +99,22 @@ class Rabenseifner(Topology):
         return Tree.cost(op, p, n)          # bcast: the binomial tree's
 
     @classmethod
-    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
-        """Halving with distance doubling, then its mirror: round ``k`` (distance
-        ``2**k``) moves ``n / 2**(k+1)`` per rank, so the large early halves stay inside
-        a node and only the small late ones cross, every rank of a node at once: per
-        node ``n (1 - 1/nodes)`` each way over the link, as MPI's own allreduce sends."""
+    def rounds(cls, op: str, p: int, n: float, root: int = 0) -> list[list[Message]]:
+        """The fold, then halving with distance doubling and its mirror: round ``k``
+        (distance ``2**k``) moves ``n / 2**(k+1)`` per rank, so over consecutive ranks the
+        large early halves stay inside a node and only the small late ones cross, every
+        rank of a node at once: per node ``n (1 - 1/nodes)`` each way over the link, as
+        MPI's own allreduce sends.  Broadcast: the tree's."""
+        if op == "bcast":
+            return Tree.rounds(op, p, n, root)
         if op != "allreduce":
-            raise KeyError(f"no two-level model of {cls.name} {op}")
-        inside, across = doubling_rounds(cls.name, nodes, per_node)
-        p = nodes * per_node
-        node = Cost(2 * inside, 2 * (1 - 1 / per_node) * n, (1 - 1 / per_node) * n) \
-            if inside else NO_COST
-        link = Cost(2 * across, 2 * (1 - 1 / nodes) * n, (1 / per_node - 1 / p) * n) \
-            if across else NO_COST
-        return node, link
+            raise no_model(cls.name, op)
+        q = pof2_fold(p)[0]
+        halves = [(1 << k, n / (2 << k)) for k in range(q.bit_length() - 1)]
+        halving = [[(v, v ^ mask, half, half) for v in range(q)] for mask, half in halves]
+        doubling = [[(v, v ^ mask, half, 0.0) for v in range(q)]
+                    for mask, half in reversed(halves)]
+        return fold_rounds(p, n, halving + doubling)
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0) -> None:
         super().__init__(comm, root=root)

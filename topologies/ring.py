@@ -35,7 +35,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .base import NO_COST, Cost, Topology, _msg
+from .base import Cost, Message, Topology, _msg, no_model
 
 _TAG_REDUCE_SCATTER = 41
 _TAG_ALLGATHER = 42
@@ -64,17 +64,23 @@ class Ring(Topology):
         return Cost(messages, messages * min(n, segment), 0.0)
 
     @classmethod
-    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
-        """Over consecutive ranks every step has one message per node that crosses its
-        link (the node's last rank to the next node's first) and waits for it: with more
-        than one node the whole ring is paid at the link's alpha and beta, one message
-        per link per step (no sharing)."""
-        if op != "allreduce":
-            raise KeyError(f"no two-level model of {cls.name} {op}")
-        if nodes < 1 or per_node < 1:
-            raise KeyError(f"no two-level model of ring over {nodes} nodes x {per_node} ranks")
-        whole = cls.cost(op, nodes * per_node, n)
-        return (NO_COST, whole) if nodes > 1 else (whole, NO_COST)
+    def rounds(cls, op: str, p: int, n: float, root: int = 0) -> list[list[Message]]:
+        """Every step, every rank sends one chunk to the next.  Over consecutive ranks each
+        step has one message per node that crosses its link (the node's last rank to the
+        next node's first) and waits for it: with more than one node the whole ring is
+        paid at the link's alpha and beta, one message per link per step (no sharing).
+        Broadcast: the pipelined chain, segment ``t - v`` leaving vrank ``v`` at step
+        ``t``, of the default segment size."""
+        if op == "allreduce":
+            return [[(r, (r + 1) % p, n / p, n / p if step < p - 1 else 0.0)
+                     for r in range(p)] for step in range(2 * (p - 1))]
+        if op != "bcast":
+            raise no_model(cls.name, op)
+        segment = DEFAULT_SEGMENT_BYTES
+        sizes = [min(segment, n - start) for start in range(0, math.ceil(n), segment)] or [n]
+        return [[((v + root) % p, (v + 1 + root) % p, sizes[step - v], 0.0)
+                 for v in range(p - 1) if 0 <= step - v < len(sizes)]
+                for step in range(len(sizes) + p - 2)] if p > 1 else []
 
     def __init__(self, comm=MPI.COMM_WORLD, *, root: int = 0,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import NO_COST, Cost, Topology, ceil_log2, doubling_rounds
+from .base import Cost, Message, Topology, ceil_log2, no_model
 
 _TAG_REDUCE = 21
 _TAG_BCAST = 22
@@ -51,6 +51,22 @@ def binomial_bcast(topo: Topology, buf: np.ndarray, root: int, tag: int) -> None
         mask >>= 1
 
 
+def binomial_reduce_rounds(p: int, n: float, root: int = 0) -> list[list[Message]]:
+    """The rounds of the binomial reduce to ``root`` (round k: every vrank whose lowest
+    set bit is k sends its partial sum to ``vrank - 2**k``, which adds it)."""
+    return [[((v + root) % p, (v - mask + root) % p, n, n)
+             for v in range(mask, p, 2 * mask)]
+            for mask in (1 << k for k in range(ceil_log2(p)))]
+
+
+def binomial_bcast_rounds(p: int, n: float, root: int = 0) -> list[list[Message]]:
+    """The rounds of :func:`binomial_bcast` (round t: every vrank that holds the data, a
+    multiple of ``2 * mask``, sends it ``mask`` further, largest mask first)."""
+    return [[((v + root) % p, (v + mask + root) % p, n, 0.0)
+             for v in range(0, p - mask, 2 * mask)]
+            for mask in (1 << k for k in reversed(range(ceil_log2(p))))]
+
+
 class Tree(Topology):
     """Binomial reduce to ``root`` followed by binomial broadcast from it."""
 
@@ -65,16 +81,16 @@ class Tree(Topology):
         return Cost(rounds, rounds * n, 0.0)                   # bcast
 
     @classmethod
-    def levels(cls, op: str, nodes: int, per_node: int, n: float) -> tuple[Cost, Cost]:
-        """Reduce and broadcast by distance doubling over consecutive ranks: a round's
-        partners share a node while the distance is below ``per_node``; above it, the
-        senders are ``2 * distance`` apart, so at most one per node crosses its link."""
-        if op != "allreduce":
-            raise KeyError(f"no two-level model of {cls.name} {op}")
-        inside, across = doubling_rounds(cls.name, nodes, per_node)
-        node, link = (Cost(2 * k, 2 * k * n, k * n, link_phases=2) if k else NO_COST
-                      for k in (inside, across))
-        return node, link
+    def rounds(cls, op: str, p: int, n: float, root: int = 0) -> list[list[Message]]:
+        """Binomial reduce to ``root``, then binomial broadcast from it.  Over consecutive
+        ranks a round's partners share a node while the distance is below the ranks per
+        node; above it the senders are twice the distance apart, so at most one per node
+        crosses its link."""
+        if op == "allreduce":
+            return binomial_reduce_rounds(p, n, root) + binomial_bcast_rounds(p, n, root)
+        if op == "bcast":
+            return binomial_bcast_rounds(p, n, root)
+        raise no_model(cls.name, op)
 
     def _allreduce_sum(self, buf: np.ndarray) -> None:
         size, root = self.size, self.root

@@ -50,6 +50,28 @@ def same_on_all_ranks(buf: np.ndarray) -> bool:
     return len(set(comm.allgather(digest))) == 1
 
 
+def sent(topo) -> tuple[int, int]:
+    return topo.stats.messages_sent, topo.stats.bytes_sent
+
+
+def check_rounds(topo, op: str, nbytes: int, itemsize: int, root: int,
+                 before: tuple[int, int]) -> list[str]:
+    """What this rank sent in one call against the topology's stated schedule
+    (``rounds``, which its two-level cost model splits): the same number of messages,
+    and the same bytes but for the chunks' rounding to whole elements (under one
+    element per message).  Nothing to check where it states none."""
+    try:
+        schedule = type(topo).rounds(op, size, float(nbytes), root)
+    except KeyError:
+        return []
+    mine = [m[2] for messages in schedule for m in messages if m[0] == rank]
+    messages, nbytes_sent = (now - then for now, then in zip(sent(topo), before, strict=True))
+    if messages != len(mine) or abs(nbytes_sent - sum(mine)) >= max(1, messages) * itemsize:
+        return [f"{op} sent {messages} messages of {nbytes_sent} B; its rounds say "
+                f"{len(mine)} of {sum(mine):.1f} B"]
+    return []
+
+
 def check_allreduce(topo, x: np.ndarray, average: bool) -> list[str]:
     problems = []
     ref = x.copy()
@@ -67,9 +89,11 @@ def check_allreduce(topo, x: np.ndarray, average: bool) -> list[str]:
             + size * float(info.smallest_subnormal)
 
     y = x.copy()
+    before = sent(topo)
     out = topo.allreduce(y, average=average)
     if out is not y:
         problems.append("allreduce did not return its buffer")
+    problems += check_rounds(topo, "allreduce", y.nbytes, y.itemsize, topo.root, before)
     if y.nbytes <= persistent.MAX_BYTES:   # the same array again: recorded, then replayed
         first = y.copy()
         for call in ("recorded", "replayed"):
@@ -95,7 +119,9 @@ def check_bcast(topo, x: np.ndarray, root: int) -> list[str]:
         ref = data.copy()
         comm.Bcast(ref, root=root)
         y[:] = data
+        before = sent(topo)
         topo.bcast(y, root=root)
+        problems += check_rounds(topo, "bcast", y.nbytes, y.itemsize, root, before)
         if not np.array_equal(y, ref):
             problems.append(f"bcast from root {root} differs from MPI_Bcast at call {k + 1}")
     return problems

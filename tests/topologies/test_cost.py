@@ -10,7 +10,7 @@ import pytest
 
 import topologies
 from mpirl.study import costmodel
-from topologies.base import Cost, Topology
+from topologies.base import NO_COST, Cost, Topology
 from topologies.native import MPICH_ALGORITHMS, Native
 from topologies.ring import DEFAULT_SEGMENT_BYTES
 
@@ -342,10 +342,61 @@ def test_two_levels_send_over_each_link_what_the_cluster_measured():
             assert link.bytes_moved == pytest.approx(mib), (name, nodes, per)
 
 
-def test_no_two_level_model_where_the_fold_decides_what_crosses():
-    for name in ("butterfly", "rabenseifner", "tree"):
-        with pytest.raises(KeyError, match="powers of two"):
-            topologies.get(name).levels("allreduce", 3, 2, 1.0)
+FLAT = ["butterfly", "rabenseifner", "tree", "ring"]
+
+
+@pytest.mark.parametrize("name", FLAT)
+def test_every_layout_splits_the_whole_cost_between_the_levels(name):
+    """At any node and rank counts, folds included: every round lands in one level, so
+    the two levels' messages add up to the one-level cost's; one node is all node level,
+    one rank per node all link level."""
+    cls = topologies.get(name)
+    for op in ("allreduce", "bcast"):
+        for nodes in range(1, 7):
+            for per in range(1, 7):
+                p = nodes * per
+                for n in (0.0, 1000.0, 3.0 * S):
+                    node, link = cls.levels(op, nodes, per, n)
+                    whole = cls.cost(op, p, n)
+                    assert node.messages + link.messages == whole.messages, (op, nodes, per)
+                    if nodes == 1:
+                        assert_terms(terms(node), terms(whole))
+                        assert link == NO_COST
+                    if per == 1:
+                        assert_terms(terms(link), terms(whole))
+                        assert node == NO_COST
+
+
+def test_the_fold_is_priced_where_its_partners_sit():
+    """Butterfly at six ranks: the even ranks 0 and 2 fold into 1 and 3; the core runs on
+    ranks 1, 3, 4, 5 (1-3 and 4-5 at distance 1, 1-4 and 3-5 at distance 2)."""
+    n = 1.0
+    butterfly = topologies.get("butterfly")
+    # 3 nodes x 2: the fold's pairs share a node; at distance 1 ranks 1 and 3 cross (one
+    # buffer per link), at distance 2 node 2's ranks 4 and 5 both cross (two on its link)
+    node, link = butterfly.levels("allreduce", 3, 2, n)
+    assert terms(node) == (2, 2 * n, n) and terms(link) == (2, 3 * n, 2 * n)
+    # 2 nodes x 3: rank 2 (node 0) folds into rank 3 (node 1), so the fold crosses too,
+    # and so does every core round: all four rounds at the link, one buffer each
+    node, link = butterfly.levels("allreduce", 2, 3, n)
+    assert node == NO_COST and terms(link) == (4, 4 * n, 3 * n)
+    # rabenseifner, 3 x 2: the same fold, then halves of n/2 (1-3 crosses) and n/4 (both
+    # of node 2's ranks cross: n/2 on its link), and their mirror
+    node, link = topologies.get("rabenseifner").levels("allreduce", 3, 2, n)
+    assert terms(node) == (2, 2 * n, n)
+    assert terms(link) == (4, 2 * (n / 2 + n / 2), n / 2 + n / 4)
+
+
+def test_a_tree_broadcast_crosses_each_link_once_per_round():
+    """Binomial broadcast from rank 0 over 4 nodes x 2: distances 4 and 2 cross (one
+    sender per node), distance 1 stays inside every node."""
+    node, link = topologies.get("tree").levels("bcast", 4, 2, 8.0)
+    assert terms(node) == (1, 8.0, 0.0) and terms(link) == (2, 16.0, 0.0)
+
+
+def test_only_the_exchanges_with_a_schedule_have_two_levels():
     for name in ("native", "star", "auto"):
         with pytest.raises(KeyError, match="one level"):
             topologies.get(name).levels("allreduce", 4, 2, 1.0)
+    with pytest.raises(KeyError, match="no two-level model"):
+        topologies.get("ring").levels("allreduce", 0, 2, 1.0)
