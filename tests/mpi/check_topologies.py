@@ -24,7 +24,6 @@ import sys
 from mpirl.launch import abort_job, apply_mpi_defaults
 
 apply_mpi_defaults()   # as every entry point of the project does, before MPI starts
-import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -84,6 +83,8 @@ def check_allreduce(topo, x: np.ndarray, average: bool) -> list[str]:
     tol = 4 * size * np.finfo(x.dtype).eps * abs_sum / (size if average else 1) + 1e-30
     half = getattr(topo, "half", None)
     if half is not None:     # a compression wrapper: each input and each partial sum rounded
+        import ml_dtypes    # here: its import is 0.7 s per rank, and most jobs need none
+
         info = ml_dtypes.finfo(half)
         tol = 2 * (size + 1) * float(info.eps) * abs_sum / (size if average else 1) \
             + size * float(info.smallest_subnormal)
