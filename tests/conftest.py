@@ -98,6 +98,22 @@ def train_many(tmp_path: Path, nranks: int, runs: dict[str, list[str]],
     return {name: json.loads((tmp_path / name / "summary.json").read_text()) for name in runs}
 
 
+def assert_rows_tile_time(run_dir: Path) -> None:
+    """Every rank's update rows hold only their own time (``RunLogger.record``: rows tile
+    a rank's time): a row's start plus the seconds it holds (phases and other) comes no
+    later than the next row's start.  A row holding time from before its start (a first
+    wait for parameters, timed before the log's clock started) would overlap the next
+    one, and a trace viewer (Perfetto) drops such a span."""
+    from mpirl.telemetry.read import load_run
+
+    for rank, rows in load_run(run_dir).updates.groupby("rank"):
+        start = rows["t_unix_s"].to_numpy()
+        ends = start[:-1] + rows["busy_s"].to_numpy()[:-1]
+        over = ends - start[1:]
+        assert (over <= 1e-6).all(), \
+            f"rank {rank}: row {int(over.argmax())} ends {over.max() * 1e3:.3f} ms into the next"
+
+
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory) -> Path:
     """The tiny sweep, run once per test session; returns its directory."""

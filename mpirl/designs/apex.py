@@ -131,6 +131,7 @@ class ApexActor:
         every = max(1, math.ceil(cfg.actor_refresh_steps / cfg.steps_per_batch))
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
             self._take_params(timer)                  # the learner's first parameters
+            add_phases(self.phases, timer.take())     # before the log's clock: no row's
             self.log.begin()
             alive = True
             while alive:
@@ -226,6 +227,7 @@ class ApexLearner:
             self._publish(actor, timer)
         for shard in self.shards:
             self._ask(shard)
+        add_phases(self.phases, timer.take())         # before the log's clock: no row's
         with Guard(cfg, self.comm, 0) as guard:
             self.log.begin()
             while not self.stopping:

@@ -97,6 +97,7 @@ class ImpalaActor:
         policy, timer = ModelPolicy(self.learner.model), PhaseTimer()
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
             self._take_reply(timer)                       # the learner's first parameters
+            add_phases(self.phases, timer.take())         # before the log's clock: no row's
             log.watch(self.client, *self.delivery.watched, waits=(self.client,))
             log.begin()
             in_flight = False
@@ -195,6 +196,7 @@ class ImpalaLearner:
         timer, log = PhaseTimer(), self.log
         for a in self.actors:
             self._publish(a, timer, initial=True)
+        add_phases(self.phases, timer.take())             # before the log's clock: no row's
         with Guard(self.cfg, self.comm, self.comm.Get_rank()) as guard:
             log.begin()
             while not self.stopping:

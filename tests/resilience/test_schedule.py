@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import SMALL, train_many
+from conftest import SMALL, assert_rows_tile_time, train_many
 from mpirun import run_mpi
 
 RUNS = {"async": ["--mode", "async", "--topology", "star"],
@@ -71,6 +71,8 @@ def test_a_replayed_run_ends_bit_identical(tmp_path, mode, request):
         train_many(tmp_path, nranks, {"rec": [*COMMON, *RUNS[mode]], "rep": replay})
     rec, rep = _summary(tmp_path, "rec"), _summary(tmp_path, "rep")
     assert rep["param_digest"] == rec["param_digest"]
+    for run in ("rec", "rep"):       # each design's rows hold only their own time
+        assert_rows_tile_time(tmp_path / run)
     # the figures of the design's own ledgers (summary.json has no other design's)
     for key in ("updates", "env_steps", "gradients_applied", "unrolls_used",
                 "mean_staleness", "mean_policy_lag", "transitions_sampled",

@@ -39,12 +39,25 @@ def test_repeated_sections_accumulate(clock):
 
 
 def test_nested_sections_each_count_their_own_time(clock):
+    """Phases are exclusive: a row's phases add up to the time they took, once."""
     timer = PhaseTimer()
     with timer("outer"):
         clock.advance(1.0)
         with timer("inner"):
             clock.advance(2.0)
-    assert timer.take() == {"outer": 3.0, "inner": 2.0}
+            with timer("innermost"):
+                clock.advance(4.0)
+        clock.advance(0.5)
+    with timer("after"):
+        clock.advance(8.0)
+    assert timer.take() == {"outer": 1.5, "inner": 2.0, "innermost": 4.0, "after": 8.0}
+    # the same phase inside itself (a server's optimizer_s around Learner.apply's)
+    with timer("optimizer_s"):
+        clock.advance(1.0)
+        with timer("optimizer_s"):
+            clock.advance(2.0)
+    assert timer.take() == {"optimizer_s": 3.0}
+    assert timer.total() == 0.0
 
 
 def test_take_hands_over_totals_and_starts_afresh(clock):
