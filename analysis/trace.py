@@ -41,6 +41,14 @@ LANE_NAMES = {UPDATE_TID: "update", **{TIDS[p]: PART_LABELS[p] for p in ROW_ORDE
 NS = 1e9
 
 
+def thread_id(rank: int, lane: int) -> int:
+    """The ``tid`` of ``lane`` (:data:`UPDATE_TID`, :data:`TIDS`) in rank ``rank``'s
+    process: never 0 and never the rank's ``pid`` (Perfetto takes a thread whose tid is
+    its pid for the process's main thread, sorts it first and draws tid 0's spans on it,
+    so lanes would merge and lose their names), the same lane order in every rank."""
+    return 1000 * (rank + 1) + lane
+
+
 def _us(start_s: float, end_s: float) -> tuple[float, float]:
     """``ts`` and ``dur`` in microseconds, both whole nanoseconds: a span inside another
     stays inside after rounding, as a viewer reading them to integer ns sees it."""
@@ -75,17 +83,17 @@ def trace_events(run, window: tuple[float, float] | None = None,
                     "args": {"sort_index": rank}}]
         used = {UPDATE_TID, *(TIDS[p] for p in phase.loc[phase["rank"] == rank, "part"])}
         for tid in sorted(used):
-            events += [{"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
-                        "args": {"name": LANE_NAMES[tid]}},
-                       {"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
-                        "args": {"sort_index": tid}}]
+            events += [{"ph": "M", "name": "thread_name", "pid": rank,
+                        "tid": thread_id(rank, tid), "args": {"name": LANE_NAMES[tid]}},
+                       {"ph": "M", "name": "thread_sort_index", "pid": rank,
+                        "tid": thread_id(rank, tid), "args": {"sort_index": tid}}]
     spans_out = []
     steps = u.groupby("rank")["env_steps"].cumsum()
     for r, collected in zip(u.itertuples(), steps, strict=True):
         rank = int(r.rank)
         ts, dur = _us(r.t_run_s, r.t_run_s + r.busy_s)
         spans_out.append({"ph": "X", "cat": "update", "name": f"update {r.update}", "pid": rank,
-                          "tid": UPDATE_TID, "ts": ts, "dur": dur,
+                          "tid": thread_id(rank, UPDATE_TID), "ts": ts, "dur": dur,
                           "args": {"update": int(r.update), "env_steps": int(r.env_steps),
                                    "bytes_sent": int(r.bytes_sent),
                                    "bytes_recv": int(r.bytes_recv),
@@ -97,7 +105,8 @@ def trace_events(run, window: tuple[float, float] | None = None,
     for s in phase.itertuples():
         ts, dur = _us(s.start_s, s.end_s)
         spans_out.append({"ph": "X", "cat": "phase", "name": PART_LABELS[s.part],
-                          "pid": int(s.rank), "tid": TIDS[s.part], "ts": ts, "dur": dur,
+                          "pid": int(s.rank), "tid": thread_id(int(s.rank), TIDS[s.part]),
+                          "ts": ts, "dur": dur,
                           "args": {"update": int(s.update)}})
     # per track in time order, an enclosing span before the spans it holds
     spans_out.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))

@@ -44,6 +44,8 @@ def check_format(events: list[dict]) -> None:
                                  "thread_sort_index"} and isinstance(e["args"], dict)
         elif e["ph"] == "X":
             assert isinstance(e["tid"], int) and e["ts"] >= 0 and e["dur"] >= 0
+            # Perfetto: tid == pid is the process's main thread, and tid 0 lands on it
+            assert e["tid"] not in (0, e["pid"]), e
             # whole nanoseconds, as a viewer converts them
             for key in ("ts", "dur"):
                 assert round(e[key] * 1000) == pytest.approx(e[key] * 1000, abs=1e-6)
@@ -77,7 +79,7 @@ def test_sync_trace_has_a_process_per_rank_and_a_track_per_phase(tiny_sweep, tmp
         for lane, column in PHASE_LANES.items():
             total = sum(e["dur"] for e in spans if e["pid"] == rank and e["name"] == lane)
             assert total / 1e6 == pytest.approx(u[column].sum(), rel=1e-3), (rank, lane)
-        updates = [e for e in spans if e["pid"] == rank and e["tid"] == 0]
+        updates = [e for e in spans if e["pid"] == rank and e["cat"] == "update"]
         assert len(updates) == len(u)
         counted = [e for e in events if e["ph"] == "C" and e["pid"] == rank
                    and e["name"] == "bytes per update"]
@@ -100,7 +102,7 @@ def test_a_window_and_a_rank_subset_keep_only_their_updates(tiny_sweep, tmp_path
     check_format(part["traceEvents"])
     assert 0 < len(spans) < len(whole) / 3
     assert {e["pid"] for e in part["traceEvents"]} == {1}
-    updates = [e for e in spans if e["tid"] == 0]
+    updates = [e for e in spans if e["cat"] == "update"]
     assert all(e["ts"] <= hi * 1e6 and e["ts"] + e["dur"] >= lo * 1e6 for e in updates)
     assert part["otherData"]["ranks"] == [1] and part["otherData"]["window_s"] == [lo, hi]
 
