@@ -131,8 +131,7 @@ class ApexActor:
         every = max(1, math.ceil(cfg.actor_refresh_steps / cfg.steps_per_batch))
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
             self._take_params(timer)                  # the learner's first parameters
-            add_phases(self.phases, timer.take())     # before the log's clock: no row's
-            self.log.begin()
+            self.log.begin(timer, self.phases)
             alive = True
             while alive:
                 blocks = self.to_replay.sent
@@ -227,9 +226,8 @@ class ApexLearner:
             self._publish(actor, timer)
         for shard in self.shards:
             self._ask(shard)
-        add_phases(self.phases, timer.take())         # before the log's clock: no row's
         with Guard(cfg, self.comm, 0) as guard:
-            self.log.begin()
+            self.log.begin(timer, self.phases)
             while not self.stopping:
                 guard.at(f"waiting for a batch for update {self.version + 1}")
                 self.signalled = guard.stop_requested

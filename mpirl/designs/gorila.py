@@ -174,10 +174,9 @@ class GorilaWorker:
             with timer("exchange_s"):
                 alive = ps.pull(learner.params, timeout_s=cfg.wait_timeout_s)
             learner.sync_target()
-            add_phases(self.phases, timer.take())
             # its waits are the exchange's (a replay rank's waits are data_wait_s)
             self.log.watch(ps, *self.memory.channels, waits=(ps,))
-            self.log.begin()
+            self.log.begin(timer, self.phases)
             while alive:
                 guard.at(f"collecting rollout {self.rollouts + 1}")
                 self._collect(timer)

@@ -97,9 +97,8 @@ class ImpalaActor:
         policy, timer = ModelPolicy(self.learner.model), PhaseTimer()
         with Guard(cfg, self.comm, self.comm.Get_rank()) as guard:
             self._take_reply(timer)                       # the learner's first parameters
-            add_phases(self.phases, timer.take())         # before the log's clock: no row's
             log.watch(self.client, *self.delivery.watched, waits=(self.client,))
-            log.begin()
+            log.begin(timer, self.phases)
             in_flight = False
             while True:
                 record = self.records[self.sent % 2]
@@ -196,9 +195,8 @@ class ImpalaLearner:
         timer, log = PhaseTimer(), self.log
         for a in self.actors:
             self._publish(a, timer, initial=True)
-        add_phases(self.phases, timer.take())             # before the log's clock: no row's
         with Guard(self.cfg, self.comm, self.comm.Get_rank()) as guard:
-            log.begin()
+            log.begin(timer, self.phases)
             while not self.stopping:
                 guard.at(f"waiting for unrolls for update {self.version + 1}")
                 queued = len(self.queue)

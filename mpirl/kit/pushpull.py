@@ -91,9 +91,8 @@ class Worker:
             if not self.resumed:   # a resumed worker holds the parameters of its checkpoint
                 with timer("exchange_s"):
                     alive = ps.pull(learner.wire, timeout_s=cfg.wait_timeout_s)
-                add_phases(self.phases, timer.take())
             log.watch(ps)
-            log.begin()
+            log.begin(timer, self.phases)
             while alive:
                 if not self.replay:
                     guard.at(f"computing push {self.pushes + 1}")

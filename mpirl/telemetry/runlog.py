@@ -13,7 +13,7 @@ from ..launch import cpu_count, mpi_library
 from . import tensorboard
 from .h5log import RankLog, finish_run_file, write_run_file
 from .schema import LOSSES
-from .timing import PhaseTimer
+from .timing import PhaseTimer, add_phases
 
 
 #: the update columns that are a rank waiting for a peer (the exchange's measured wait
@@ -116,8 +116,12 @@ class RunLogger:
         self._seconds = [0.0, 0.0]
         return self.role, waited / total if total else 0.0
 
-    def begin(self) -> None:
-        """The first update starts now; each later one starts where the last record ended."""
+    def begin(self, timer: PhaseTimer | None = None, totals: dict | None = None) -> None:
+        """The first update starts now; each later one starts where the last record ended.
+        What ``timer`` holds from before (a first wait for parameters) is no row's: it is
+        taken into the run's ``totals``, so rows hold only their own time."""
+        if timer is not None:
+            add_phases(totals, timer.take())
         self.update_start = self.log.now()
 
     def record(self, update: int, timer: PhaseTimer, **fields) -> dict[str, float]:
