@@ -112,13 +112,15 @@ def run_point(point: Point, minutes: float, runs: Path) -> dict:
     return found
 
 
-def table(results: dict[str, list[tuple[int, dict]]], minutes: float, sweep: Path) -> str:
+def table(results: dict[str, list[tuple[int, dict]]], minutes: float, sweep: Path,
+          ranks: list[int]) -> str:
     def cell(values: list[float], fmt: str) -> str:
         v = np.array(values, dtype=float)
         std = v.std(ddof=1) if len(v) > 1 else 0.0
         return f"{format(v.mean(), fmt)} +- {format(std, fmt)}"
 
-    lines = [f"Hopper-v5 at 4 ranks, every design for at most {minutes:g} minutes of wall "
+    at = " or ".join(str(r) for r in ranks)
+    lines = [f"Hopper-v5 at {at} ranks, every design for at most {minutes:g} minutes of wall "
              f"time on this machine (experiments/{sweep.name}'s settings); mean +- std "
              "over seeds.  Final return: the mean of every rank's last 20 episodes.", "",
              "| design | seeds | env steps | env steps/s | final return |",
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         found = run_point(point, args.minutes, args.runs)
         results.setdefault(label[point.name], []).append((point.config["seed"], found))
     args.out.mkdir(parents=True, exist_ok=True)
-    text = table(results, args.minutes, args.sweep)
+    text = table(results, args.minutes, args.sweep, sorted({p.ranks for p in points}))
     (args.out / "results.md").write_text(text)
     figure(results, args.out / "curves.png",
            " ".join(str(load(args.sweep).definition.get("description", "")).split()))
