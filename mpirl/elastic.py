@@ -12,10 +12,11 @@ cluster's driver is ``python -m mpirl.cluster exec --elastic``; both run :func:`
 ``MPIRL_ELASTIC_JOB`` and ``MPIRL_ELASTIC_ATTEMPT`` set; when the job ends and one of its
 nodes is no longer live, it drops what that node held in memory and launches the next
 attempt on the nodes left (whose ranks continue from the newest commit); when a node
-comes back while a smaller attempt runs (where the backend can tell), it stops that
-attempt with SIGTERM (every rank stops at its next rollout and commits) and relaunches
-on every live node.  A job that fails while all its nodes are up failed on its own (a
-bug, bad input): its exit status is passed on and nothing is relaunched.
+comes back while a smaller attempt runs, it stops that attempt with SIGTERM (every rank
+stops at its next rollout and commits) and relaunches on every live node (under Slurm
+the node first joins the allocation again: see :class:`Slurm`).  A job that fails while
+all its nodes are up failed on its own (a bug, bad input): its exit status is passed on
+and nothing is relaunched.
 
 A backend says which nodes are live, starts one attempt, and stops one: :class:`Slurm`
 here, :class:`mpirl.cluster.elastic.Emulated` for the emulated cluster.
@@ -24,6 +25,7 @@ here, :class:`mpirl.cluster.elastic.Emulated` for the emulated cluster.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -42,11 +44,12 @@ class ElasticError(Exception):
 
 
 class Backend(Protocol):
-    #: whether :meth:`live` can see a node come back while an attempt runs
-    rejoins: bool
-
     def live(self, hosts: list[str] | None = None) -> list[str]:
         """The nodes a job can run on now, in order (of ``hosts`` when given)."""
+
+    def back(self, running: list[str]) -> list[str]:
+        """While an attempt runs on ``running``: the other nodes that can take ranks now
+        (a node that came back); asked every poll, so the backend paces its own checks."""
 
     def start(self, hosts: list[str], per_node: int, command: list[str],
               env: dict) -> subprocess.Popen: ...
@@ -55,6 +58,15 @@ class Backend(Protocol):
 
     def report(self, hosts: list[str], per_node: int) -> list[str]:
         """After an attempt: lines on which node died first, if it failed (maybe none)."""
+
+
+def _client(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """A Slurm client command run from inside the job, without the job's own SLURM_*
+    settings (salloc and srun read some of them as options; the job and its nodes are
+    named on the command line), SLURM_CONF kept."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SALLOC_", "SBATCH_")) or k == "SLURM_CONF"}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def say(line: str) -> None:
@@ -119,8 +131,8 @@ def _attempt(backend: Backend, job: str, attempt: int, hosts: list[str], per_nod
                 say("time limit reached: killing the job on every node")
                 backend.kill(proc)
                 return 124, stopped
-            if backend.rejoins and not stopped and len(hosts) < max_nodes:
-                back = [h for h in backend.live() if h not in hosts]
+            if not stopped and len(hosts) < max_nodes:
+                back = backend.back(hosts)
                 if back:
                     say(f"{', '.join(back)} live again: stopping attempt {attempt} at its "
                         "next rollout (its ranks commit) to relaunch with "
@@ -148,42 +160,94 @@ class Slurm:
     while Slurm does not report it down and it runs a one-task probe step within
     ``probe_s``: slurmctld notices a dead node only after ``SlurmdTimeout``, the probe
     as soon as its step cannot start (a probe that times out counts as dead: the time
-    from a node's death to the relaunch is about ``probe_s``).  Slurm takes a failed
-    node out of the allocation, so no node rejoins."""
+    from a node's death to the relaunch is about ``probe_s``).
 
-    rejoins = False
+    Slurm takes a failed node out of the allocation.  When it is back (its slurmd
+    registered, the node idle), it joins again by Slurm's job expansion: a one-node
+    allocation on it that depends on this job (``salloc --no-shell
+    --dependency=expand:JOB``) is granted and emptied into this job (``scontrol update
+    jobid=NEW NumNodes=0``, then ``jobid=JOB NumNodes=ALL``), and the node is live
+    again.  The site's slurm.conf must have ``SchedulerParameters=permit_job_expansion``
+    (the emulated cluster's has); without it the node stays out and the driver says
+    why.  While an attempt runs, the nodes out of it are checked every ``check_s``."""
 
-    def __init__(self, probe_s: float = 10.0) -> None:
+    def __init__(self, probe_s: float = 10.0, per_node: int = 1, check_s: float = 5.0,
+                 grow_s: float = 30.0) -> None:
         nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
-        if not nodelist:
+        self.job = os.environ.get("SLURM_JOB_ID", "")
+        if not nodelist or not self.job:
             raise ElasticError("not inside a Slurm allocation (no SLURM_JOB_NODELIST): "
                                "submit experiments/slurm/elastic.sbatch with sbatch")
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, timeout=30)
+        out = _client("scontrol", "show", "hostnames", nodelist)
         self.hosts = out.stdout.split()
         if not self.hosts:
             raise ElasticError(f"scontrol show hostnames {nodelist}: {out.stderr.strip()}")
-        self.probe_s = probe_s
+        self.probe_s, self.per_node = probe_s, per_node
+        self.check_s, self.grow_s = check_s, grow_s
+        self._checked = time.monotonic()
+        self._refused: dict[str, float] = {}     # host -> when it last failed to join
+
+    def members(self) -> list[str]:
+        """The nodes in this job's allocation now (Slurm's view)."""
+        out = _client("scontrol", "show", "job", "-o", self.job).stdout
+        nodes = next((w.split("=", 1)[1] for w in out.split() if w.startswith("NodeList=")),
+                     "(null)")
+        return [] if nodes == "(null)" else _client("scontrol", "show", "hostnames",
+                                                    nodes).stdout.split()
 
     def _state_ok(self, host: str) -> bool:
-        out = subprocess.run(["scontrol", "show", "node", "-o", host], capture_output=True,
-                             text=True, timeout=30).stdout
+        out = _client("scontrol", "show", "node", "-o", host).stdout
         state = next((w.split("=", 1)[1] for w in out.split() if w.startswith("State=")), "")
         flags = {s.rstrip("*") for s in state.split("+")}
         return bool(state) and not flags & DEAD_STATES and not state.endswith("*")
 
     def _probe(self, host: str) -> bool:
         try:
-            return subprocess.run(["srun", "--overlap", "-N1", "-n1", "-w", host, "true"],
-                                  capture_output=True, timeout=self.probe_s).returncode == 0
+            return _client("srun", "--overlap", f"--jobid={self.job}", "-N1", "-n1", "-w", host,
+                           "true", timeout=self.probe_s).returncode == 0
         except subprocess.TimeoutExpired:
             return False
 
     def live(self, hosts: list[str] | None = None) -> list[str]:
-        wanted = [h for h in (hosts or self.hosts) if self._state_ok(h)]
+        wanted = [h for h in (self.hosts if hosts is None else hosts) if self._state_ok(h)]
+        members = self.members()
+        wanted = [h for h in wanted if h in members or self._join(h)]
         with ThreadPoolExecutor(max(1, len(wanted))) as pool:
             ok = list(pool.map(self._probe, wanted))
         return [h for h, good in zip(wanted, ok, strict=True) if good]
+
+    def back(self, running: list[str]) -> list[str]:
+        if time.monotonic() - self._checked < self.check_s:
+            return []
+        rest = [h for h in self.hosts if h not in running]
+        found = self.live(rest) if rest else []
+        self._checked = time.monotonic()
+        return found
+
+    def _join(self, host: str) -> bool:
+        """Bring ``host`` (idle, outside the allocation) into it by job expansion."""
+        if time.monotonic() - self._refused.get(host, -math.inf) < 60:
+            return False
+        argv = ["salloc", "--no-shell", f"--immediate={math.ceil(self.grow_s)}", "-N1",
+                f"--ntasks-per-node={self.per_node}", "-w", host,
+                f"--dependency=expand:{self.job}", "-J", f"mpirl-join-{self.job}"]
+        try:
+            got = _client(*argv, timeout=self.grow_s + 10)
+        except subprocess.TimeoutExpired:
+            got = subprocess.CompletedProcess(argv, 1, "", f"no answer in {self.grow_s:g} s")
+        new = next((w for w in got.stderr.split() if w.isdigit()), "")
+        if got.returncode == 0 and new:
+            _client("scontrol", "update", f"jobid={new}", "NumNodes=0")
+            _client("scontrol", "update", f"jobid={self.job}", "NumNodes=ALL")
+            _client("scancel", new)          # empty now, or failed to merge: not kept
+            if host in self.members():
+                say(f"{host} is back and joined the allocation (expansion job {new})")
+                return True
+        self._refused[host] = time.monotonic()
+        reason = (got.stderr.strip().splitlines() or ["its node did not merge"])[-1]
+        say(f"{host} is back but did not join the allocation ({reason}; Slurm's job "
+            "expansion needs SchedulerParameters=permit_job_expansion); retrying in 60 s")
+        return False
 
     def start(self, hosts: list[str], per_node: int, command: list[str],
               env: dict) -> subprocess.Popen:
@@ -226,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.probe_timeout <= 0:
             raise ElasticError(f"--probe-timeout {args.probe_timeout:g}; allowed: > 0 s")
-        backend = Slurm(args.probe_timeout)
+        backend = Slurm(args.probe_timeout, args.ranks_per_node)
         return drive(backend, args.ranks_per_node, len(backend.hosts), command,
                      min_nodes=args.min_nodes, max_restarts=args.max_restarts,
                      timeout_s=args.timeout)

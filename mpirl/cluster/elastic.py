@@ -18,8 +18,6 @@ from .net import Cluster, ClusterError, live_hosts
 
 
 class Emulated:
-    rejoins = True
-
     def __init__(self, spec: Cluster, mpi: str = "mpich") -> None:
         self.spec, self.mpi = spec, mpi
         self.watch: NodeWatch | None = None
@@ -27,6 +25,9 @@ class Emulated:
     def live(self, hosts: list[str] | None = None) -> list[str]:
         now = live_hosts(self.spec)
         return [h for h in now if hosts is None or h in hosts]
+
+    def back(self, running: list[str]) -> list[str]:
+        return [h for h in live_hosts(self.spec) if h not in running]
 
     def start(self, hosts: list[str], per_node: int, command: list[str],
               env: dict) -> subprocess.Popen:

@@ -83,6 +83,7 @@ MinJobAge=300
 KillWait=5
 Waittime=0
 SchedulerType=sched/backfill
+SchedulerParameters=permit_job_expansion
 MailProg=/bin/true
 {nodes}
 PartitionName=emulated Nodes={','.join(spec.hosts())} Default=YES MaxTime=INFINITE State=UP

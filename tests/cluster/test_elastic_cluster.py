@@ -130,39 +130,59 @@ def test_bad_elastic_launches_are_one_line(cluster):
     assert done.returncode == 2 and "choose one" in done.stderr, done.stderr
 
 
-def test_a_slurm_job_goes_on_without_a_dead_node(cluster, tmp_path):
+def job_nodes(job_id: str) -> str:
+    out = cli("login", "--", "scontrol", "show", "job", "-o", job_id).stdout
+    return next((w.split("=", 1)[1] for w in out.split() if w.startswith("NodeList=")), "")
+
+
+def test_a_slurm_job_goes_on_without_a_dead_node_and_takes_it_back(cluster, tmp_path):
     """experiments/slurm/elastic.sbatch on 3 nodes x 1 rank (sbatch --no-kill): node1
     powered off at update 40 or later (its slurmd with it); the driver's probe finds it
-    dead, the job goes on at 2 ranks on node0 and node2 from the newest commit and
-    spends the budget."""
+    dead and the job goes on at 2 ranks on node0 and node2 from the newest commit.  Slurm
+    takes node1 out of the allocation (the test marks it down at once, as slurmctld does
+    after SlurmdTimeout, 30 s here); node1 booted: its slurmd registers, the driver brings
+    it back into the allocation by job expansion, stops attempt 1 at a commit and goes on
+    at 3 ranks, which spend the budget."""
     env = {"MPIRL_RUN_DIR": str(tmp_path), "MPIRL_COMMIT_DIR": str(tmp_path / "memory"),
-           "MPIRL_ELASTIC_ARGS": "--timeout 200 --probe-timeout 10",
+           "MPIRL_ELASTIC_ARGS": "--timeout 280 --probe-timeout 10",
            "MPIRL_COMMIT_EVERY": "3"}
     done = cli("login", "--", "sbatch", "-N", "3", "--ntasks-per-node=1",
                f"--output={tmp_path / 'out.txt'}", "experiments/slurm/elastic.sbatch",
                "--env", "CartPole-v1", "--num-envs", "2", "--rollout-steps", "32",
-               "--log-flush-every", "1", "--log-every", "5", "--total-steps", "20000", env=env)
+               "--log-flush-every", "1", "--log-every", "5", "--total-steps", "60000", env=env)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split()[-1]
     run = tmp_path / f"mpirl-elastic-{job_id}"
-    deadline = time.monotonic() + 120
-    try:
-        while reported(run / "attempt0") < 40:
+
+    def until(what, limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while not what():
             assert time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
             time.sleep(0.2)
+
+    try:
+        until(lambda: reported(run / "attempt0") >= 40, 120)
         assert cli("kill", "node1", "--power-off").returncode == 0
-        deadline = time.monotonic() + 240
-        while cli("login", "--", "squeue", "-h", "-j", job_id).stdout.strip():
-            assert time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
-            time.sleep(1)
+        down = cli("login", "--", "scontrol", "update", "nodename=node1", "state=down",
+                   "reason=powered off")
+        assert down.returncode == 0, down.stderr
+        until(lambda: job_nodes(job_id) == "node[0,2]", 60)
+        until(lambda: reported(run / "attempt1") > 0, 120)
+        assert cli("boot", "node1").returncode == 0
+        until(lambda: not cli("login", "--", "squeue", "-h", "-j", job_id).stdout.strip(), 240)
     finally:
         cli("login", "--", "scancel", job_id)
         assert cli("boot", "node1").returncode == 0
     out = (tmp_path / "out.txt").read_text()
     assert "node1 lost; relaunching on the nodes left" in out, out
-    assert "attempt 1: 2 ranks on node0, node2" in out and "done after 2 attempts" in out
+    assert "attempt 1: 2 ranks on node0, node2" in out
+    assert "node1 is back and joined the allocation (expansion job" in out, out
+    assert "node1 live again: stopping attempt 1" in out
+    assert "attempt 2: 3 ranks on node0, node1, node2" in out and "done after 3 attempts" in out
     table = attempts_table(load_job(run))
-    assert table["ranks"].tolist() == [3, 2]
+    assert table["ranks"].tolist() == [3, 2, 3]
     assert 0 <= table.loc[1, "lost_updates"] <= 3
-    final = json.loads((run / "attempt1/summary.json").read_text())
-    assert 20000 - 2 * 64 < final["env_steps"] <= 20000
+    assert table.loc[2, "lost_updates"] == 0                # stopped at a commit
+    assert table.loc[2, "from_update"] == table.loc[1, "last_update"]
+    final = json.loads((run / "attempt2/summary.json").read_text())
+    assert 60000 - 3 * 64 < final["env_steps"] <= 60000
