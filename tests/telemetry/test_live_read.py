@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
@@ -18,13 +19,17 @@ from mpirl.telemetry.read import LIVE_READ_DEADLINE_S, read_h5
 TABLE_NAMES = ("updates", "episodes", "sim_steps")
 
 
-def write_for(run_dir: Path, seconds: float, started, pace_s: float = 0.003) -> None:
-    """A rank's log written at a run's pace: a flush every 7 updates of ``pace_s`` each
-    (3 ms: a CartPole update)."""
+#: the most a writer runs, should its reader never say stop
+WRITER_CAP_S = 120.0
+
+
+def write_until(run_dir: Path, started, stop, pace_s: float = 0.003) -> None:
+    """A rank's log written at a run's pace, until ``stop`` is set: a flush every 7
+    updates of ``pace_s`` each (3 ms: a CartPole update)."""
     log = RankLog(run_dir, 0, "worker", 7)
     started.set()
     t0, update = time.monotonic(), 0
-    while time.monotonic() - t0 < seconds:
+    while not stop.is_set() and time.monotonic() - t0 < WRITER_CAP_S:
         update += 1
         log.add_update({"update": update, "t_s": log.now()})
         log.episode(update, 1.0, 10)
@@ -33,32 +38,35 @@ def write_for(run_dir: Path, seconds: float, started, pace_s: float = 0.003) -> 
     log.close()
 
 
-@pytest.fixture
-def live_log(tmp_path):
-    """A rank log another process keeps flushing into for 6 s."""
-    started = mp.get_context("spawn").Event()
-    writer = mp.get_context("spawn").Process(target=write_for, args=(tmp_path, 6.0, started))
+@contextmanager
+def live_writer(run_dir: Path, pace_s: float = 0.003):
+    """Another process flushing a rank log into ``run_dir`` until the block ends.  The
+    reads are counted, not timed: a loaded machine makes them slower, never fewer."""
+    ctx = mp.get_context("spawn")
+    started, stop = ctx.Event(), ctx.Event()
+    writer = ctx.Process(target=write_until, args=(run_dir, started, stop, pace_s))
     writer.start()
     try:
         assert started.wait(60), "the writer never started"
-        time.sleep(0.5)
-        yield tmp_path / "rank0000.h5"
+        time.sleep(0.3)
+        yield run_dir / "rank0000.h5"
+        assert writer.is_alive(), "the writer ended before the reads did"
     finally:
+        stop.set()
         writer.join(60)
         if writer.is_alive():
             writer.kill()
     assert writer.exitcode == 0, "the writer failed while being read"
 
 
-def test_every_read_of_a_log_being_flushed_succeeds_and_sees_rows_grow(live_log):
+def test_every_read_of_a_log_being_flushed_succeeds_and_sees_rows_grow(tmp_path):
     counts = []
-    deadline = time.monotonic() + 4.0
-    while time.monotonic() < deadline:
-        tables = read_h5(live_log, lambda f: {n: f[n][...] for n in TABLE_NAMES})
-        assert (tables["updates"]["update"] >= 0).all()     # no fill rows read as rows
-        counts.append(len(tables["updates"]))
-    # ~100 flushes went by: without reading again, about one read in ten fails here
-    assert len(counts) > 100
+    with live_writer(tmp_path) as path:
+        for _ in range(150):    # some 50 flushes a second meanwhile
+            tables = read_h5(path, lambda f: {n: f[n][...] for n in TABLE_NAMES})
+            assert (tables["updates"]["update"] >= 0).all()     # no fill rows read as rows
+            counts.append(len(tables["updates"]))
+    # without reading again, about one read in ten fails here
     assert counts == sorted(counts) and counts[-1] > counts[0]
 
 
@@ -68,27 +76,15 @@ def test_read_h5_opens_a_log_flushed_back_to_back_every_time(tmp_path):
     can fail now and then, "truncated file", when an open meets a flush: 49 of 100,000
     with both cores busy, experiments/bench_live_open.py; docs/log-schema.md says which
     reader to use.  Plain opens of a finished or killed writer's file: test_h5log.py.)"""
-    started = mp.get_context("spawn").Event()
-    writer = mp.get_context("spawn").Process(target=write_for,
-                                             args=(tmp_path, 6.0, started, 0.0))
-    writer.start()
     opened, failed = 0, []
-    try:
-        assert started.wait(60), "the writer never started"
-        time.sleep(0.3)
-        deadline = time.monotonic() + 4.0
-        while time.monotonic() < deadline:
+    with live_writer(tmp_path, pace_s=0.0) as path:
+        for _ in range(600):
             try:
-                read_h5(tmp_path / "rank0000.h5", lambda f: len(f["updates"]))
+                read_h5(path, lambda f: len(f["updates"]))
                 opened += 1
             except OSError as err:
                 failed.append(str(err))
-    finally:
-        writer.join(60)
-        if writer.is_alive():
-            writer.kill()
-    assert writer.exitcode == 0
-    assert opened > 500 and not failed, (opened, failed[:3])
+    assert opened == 600 and not failed, (opened, failed[:3])
 
 
 def test_a_broken_file_that_does_not_change_is_reported_at_once(tmp_path):
