@@ -155,6 +155,20 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
     def save(self, path: Path) -> None:
         path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
+    def save_resumed(self, path: Path) -> list[str]:
+        """``--resume``: write the fields given on top of the run's ``config.yaml`` (the
+        budget, above all: a later resume goes on to the new one) into it, keeping the
+        file's ``resume`` and ``fail`` (the failures injected before, a record); returns
+        the fields changed as ``name old -> new``."""
+        before, now = Config.from_yaml(path).to_dict(), self.to_dict()
+        changed = [k for k, v in now.items() if k not in ("resume", "fail") and before[k] != v]
+        if changed:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(yaml.safe_dump({**now, "resume": before["resume"],
+                                           "fail": before["fail"]}, sort_keys=False))
+            tmp.replace(path)                  # whole, or the old file untouched
+        return [f"{k} {before[k]} -> {now[k]}" for k in changed]
+
     # -- validation -------------------------------------------------------------------------
     def validate(self, world_size: int) -> "Config":
         """Raise ConfigError for the first unusable value; return self when all is well."""

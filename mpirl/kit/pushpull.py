@@ -53,6 +53,8 @@ def restore_generation(saved: TrainingState, run_dir: Path, rank: int, generatio
     """Put a rank's saved state of ``generation`` back, checking it is that generation's
     file of a ``size``-rank run."""
     state = saved.restore(run_dir, rank, generation)
+    if rank == 0:
+        print(f"mpirl: resumed {run_dir} from checkpoint generation {generation}", flush=True)
     if state["generation"] != generation or state["world_size"] != size:
         raise RuntimeError(f"checkpoint {checkpoint.path_for(run_dir, rank, generation)} "
                            f"is of generation {state['generation']} of a "

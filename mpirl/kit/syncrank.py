@@ -118,6 +118,9 @@ class SyncRank:
         saved = TrainingState(count, learner, actor, episodes, progress, exchange)
         if cfg.resume:
             saved.restore(run_dir, rank)
+            if rank == 0:
+                print(f"mpirl: resumed {run_dir} at update {count.update} "
+                      f"({count.env_steps} env steps) from its checkpoints", flush=True)
         commits = elastic.start(cfg, comm, run_dir, progress.elapsed(),
                                 restore=lambda state: continue_from(state, learner, count),
                                 reseed=lambda seed: reseed(actor, seed + 10000 * rank))

@@ -56,7 +56,8 @@ def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
 
 def test_ctrl_c_checkpoints_on_every_rank_and_the_run_resumes(tmp_path):
     """Ctrl-C (SIGINT to mpiexec, which forwards it): exit 130, as shells report it, and
-    the whole resume command printed."""
+    the whole resume command printed; resumed with a larger budget, which config.yaml
+    keeps, saying where it resumed."""
     args = ["--total-steps", "24000", *BATCH, "--checkpoint-every", "1000", "--log-every", "5"]
     out, stopped_at = stop_with_sigterm(2, args, tmp_path / "t", progress_lines=2,
                                         sig=signal.SIGINT)
@@ -66,8 +67,12 @@ def test_ctrl_c_checkpoints_on_every_rank_and_the_run_resumes(tmp_path):
         assert (tmp_path / "t" / "checkpoints" / f"rank{r:04d}.pt").is_file()
         with h5py.File(tmp_path / "t" / f"rank{r:04d}.h5", "r") as f:   # closed cleanly
             assert f["updates"]["update"][-1] == stopped_at
-    run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "t")], timeout_s=240)
-    assert summary(tmp_path / "t")["env_steps"] == 24000
+    resumed = run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "t"),
+                          "--total-steps", "25600"], timeout_s=240)
+    assert "resuming with total_steps 24000 -> 25600 (saved to" in resumed.output
+    assert f"resumed {tmp_path / 't'} at update {stopped_at} (" in resumed.output
+    assert summary(tmp_path / "t")["env_steps"] == 25600
+    assert Config.from_yaml(tmp_path / "t" / "config.yaml").total_steps == 25600
 
 
 def test_resume_is_refused_where_it_cannot_work(tmp_path):
@@ -227,7 +232,9 @@ def test_sigterm_stops_a_parameter_server_run_with_a_snapshot_and_it_resumes(
         assert server["received"][r] == state["pushes"]
         with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:
             assert f["updates"]["update"][-1] == state["pushes"]
-    run_mpi(3, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=240)
+    resumed = run_mpi(3, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=240)
+    assert f"resumed {run_dir} from checkpoint generation 1" in resumed.output
+    assert "resuming with" not in resumed.output          # no flag given: nothing changed
     check_parameter_server_run(run_dir, 3, mode, 12000)
 
 
