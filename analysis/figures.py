@@ -323,7 +323,13 @@ def learning_figure(runs: list[Run], smooth: int = 50) -> plt.Figure:
         row[1].sharey(row[0])
         for ax in row:
             ax.grid(alpha=0.3)
-        row[1].legend(fontsize=7, ncol=2)
+        if row[1].get_lines():
+            row[1].legend(fontsize=7, ncol=2)
+        else:                   # no run of this env finished an episode: say so, no axes
+            for ax in row:
+                ax.set(xticks=[], yticks=[])
+                ax.text(0.5, 0.5, "no episode finished", ha="center", va="center",
+                        transform=ax.transAxes, color="0.4")
     fig.suptitle("Learning curves")
     fig.tight_layout()
     return fig

@@ -5,6 +5,7 @@ field by ``python -m analysis.compare``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -103,6 +104,20 @@ def test_learning_curves_of_two_envs_never_share_an_axis(mixed):
     assert titles == ["CartPole-v1: vs experience", "CartPole-v1: vs time",
                       "Delay-v0: vs experience", "Delay-v0: vs time"]
     assert len(fig.axes[2].get_lines()) == 1 and len(fig.axes[0].get_lines()) == 4
+    plt.close(fig)
+
+
+def test_an_env_whose_runs_finished_no_episode_says_so(mixed):
+    sweep, named = mixed
+    delay = sweep.by_name[named["delay"]["run"].iloc[0]]
+    short = dataclasses.replace(delay, episodes=delay.episodes.iloc[:0])
+    others = [r for r in sweep.by_name.values() if r is not delay]
+    fig = figures.learning_figure([*others, short])
+    empty = fig.axes[2:]
+    assert [len(ax.get_lines()) for ax in empty] == [0, 0]
+    assert all(t.get_text() == "no episode finished" for ax in empty for t in ax.texts)
+    assert all(ax.get_legend() is None and not len(ax.get_xticks()) for ax in empty)
+    assert fig.axes[1].get_legend() is not None
     plt.close(fig)
 
 
