@@ -1,8 +1,9 @@
-"""Parameter delivery in situ: impala trained with the per-actor push against
-``--param-delivery broadcast`` through ring, a learner and 7 actors on the emulated
-cluster at 100 Mbit/s and 1 Gbit/s.
+"""Parameter delivery in situ: impala (or apex) trained with the per-actor push against
+``--param-delivery broadcast`` through ring, on 8 nodes of the emulated cluster at
+100 Mbit/s and 1 Gbit/s.
 
-    python experiments/bench_delivery_training.py      # ~13 min on 2 cores, as root
+    python experiments/bench_delivery_training.py               # ~13 min on 2 cores, as root
+    python experiments/bench_delivery_training.py --mode apex   # ~15 min
 
 ``experiments/bench_delivery.py`` times one delivery alone; this script asks what the
 choice does to a training run.  On its own emulated cluster (``mpirldtrn``, 8 nodes x 1
@@ -16,6 +17,13 @@ refreshed after every update (``--param-refresh unroll``, the default):
   out of the learner's link);
 * ``ring``: ``--param-delivery broadcast --topology ring``: one pipelined chain per
   update, the learner sending one copy.
+
+``--mode apex`` trains SAC (Delay-v0's actions are a Box) with the learner, one replay
+rank and 6 actors; ``push``: each actor asks every ``--actor-refresh-steps`` (400, so
+every 4th rollout of 128 steps) and the reply carries a copy; ``ring``: the learner
+starts a broadcast after every update unless one is still in flight
+(``--refresh-every 1``), and each actor takes the newest at its refresh points.  Its
+tables go to ``training-apex.md`` and ``training-apex.json``.
 
 The ways alternate (ABAB: the same conditions for both), ``--trials`` of each per link
 rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
@@ -41,20 +49,25 @@ SUBNET = "10.231.93.0/24"
 NODES = 8
 RATES = ["100mbit", "1gbit"]
 WAYS = {"push": [], "ring": ["--param-delivery", "broadcast", "--topology", "ring"]}
+#: per mode: the flags that pick it, its actors, the output files' suffix
+MODES = {"impala": (["--mode", "impala"], NODES - 1, ""),
+         "apex": (["--mode", "apex", "--replay-ranks", "1"], NODES - 2, "-apex")}
 
 
-def run_args(cost_ms: float, unrolls: int, run_dir: Path, name: str) -> list[str]:
+def run_args(mode: str, cost_ms: float, unrolls: int, run_dir: Path,
+             name: str) -> list[str]:
     from mpirl.cluster.trials import SLOW_SIM_ROLLOUT, slow_sim_argv
 
-    return slow_sim_argv(unrolls * (NODES - 1) * SLOW_SIM_ROLLOUT, run_dir, name, cost_ms,
-                         "--mode", "impala")
+    flags, actors, _ = MODES[mode]
+    return slow_sim_argv(unrolls * actors * SLOW_SIM_ROLLOUT, run_dir, name, cost_ms,
+                         *flags)
 
 
-def measure(run: Path) -> dict:
+def measure(run: Path, actors: int) -> dict:
     from mpirl.telemetry.read import load_run
 
     s = json.loads((run / "summary.json").read_text())
-    if s["broadcasts_received"] != s["broadcasts_sent"] * (NODES - 1):
+    if s["broadcasts_received"] != s["broadcasts_sent"] * actors:
         raise SystemExit(f"bench_delivery_training: {run.name}: {s['broadcasts_sent']} "
                          f"broadcasts sent, {s['broadcasts_received']} joined")
     u = load_run(run).updates
@@ -69,6 +82,7 @@ def measure(run: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=sorted(MODES), default="impala")
     parser.add_argument("--out", default="docs/figures/delivery")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--unrolls", type=int, default=30, help="unrolls per actor")
@@ -77,17 +91,20 @@ def main() -> int:
                         help="rewrite training.md from --out's training.json, running nothing")
     args = parser.parse_args()
     out = (ROOT / args.out).resolve()
+    _, actors, suffix = MODES[args.mode]
+    table = out / f"training{suffix}.json"
     if args.rewrite:
-        write(out, json.loads((out / "training.json").read_text()), args)
+        write(out, json.loads(table.read_text()), args)
         return 0
     from mpirl.cluster.trials import alternate
 
     runs = out / "training-runs"
     out.mkdir(parents=True, exist_ok=True)
     results = alternate((NAME, NODES, SUBNET), RATES, WAYS, args.trials, runs,
-                        lambda runs, name: run_args(args.cost_ms, args.unrolls, runs, name),
-                        measure)
-    (out / "training.json").write_text(json.dumps(results, indent=1))
+                        lambda runs, name: run_args(args.mode, args.cost_ms, args.unrolls,
+                                                    runs, name),
+                        lambda run: measure(run, actors))
+    table.write_text(json.dumps(results, indent=1))
     write(out, results, args)
     shutil.rmtree(runs, ignore_errors=True)       # the table's numbers are in training.json
     return 0
@@ -98,16 +115,27 @@ def write(out: Path, results: dict, args) -> None:
 
     first = results[RATES[0]]["push"][0]
     trials = len(results[RATES[0]]["push"])
-    lines = ["# Parameter delivery in a training run: impala, push against broadcast "
+    _, actors, suffix = MODES[args.mode]
+    if args.mode == "impala":
+        setup = (f"the learner and {actors} actors. impala", "2 envs x 64 steps per unroll, "
+                 "parameters refreshed after every update; `push`: every unroll's reply "
+                 "carries a copy; `ring`: `--param-delivery broadcast --topology ring`")
+    else:
+        setup = (f"the learner, one replay rank and {actors} actors. apex (SAC)",
+                 "2 envs x 64 steps per rollout; `push`: each actor asks every 400 env "
+                 "steps (every 4th rollout) and the reply carries a copy; `ring`: "
+                 "`--param-delivery broadcast --topology ring`, a broadcast started after "
+                 "every update unless one is in flight, each actor taking the newest at "
+                 "its refresh points; policy lag: the updates between the parameters that "
+                 "acted and the learner's, over the transitions trained on")
+    lines = [f"# Parameter delivery in a training run: {args.mode}, push against broadcast "
              "(experiments/bench_delivery_training.py)", "",
-             f"Emulated cluster, {NODES} nodes x 1 rank: the learner and {NODES - 1} actors. "
-             f"impala with {first['params']:,} float32 parameters "
+             f"Emulated cluster, {NODES} nodes x 1 rank: {setup[0]} with "
+             f"{first['params']:,} float32 parameters "
              f"({first['params'] * 4 / 2**20:.2f} MiB per copy) on Delay-v0 at "
-             f"{args.cost_ms:g} ms a step, 2 envs x 64 steps per unroll, parameters refreshed "
-             "after every update; `push`: every unroll's reply carries a copy; `ring`: "
-             "`--param-delivery broadcast --topology ring`. The ways alternate, "
-             f"{trials} runs of each per link; medians over runs. Ratio: ring's steps/s over "
-             "push's.", "",
+             f"{args.cost_ms:g} ms a step, {setup[1]}. The ways alternate, "
+             f"{trials} run{'s' * (trials != 1)} of each per link; medians over runs. "
+             "Ratio: ring's steps/s over push's.", "",
              "| link | way | env steps/s | learner updates/s | actors' env share | "
              "policy lag | learner link MiB / update | steps/s over push's |",
              "|---|---|---|---|---|---|---|---|"]
@@ -123,7 +151,7 @@ def write(out: Path, results: dict, args) -> None:
     lines += ["", "Env steps/s, run by run: " + "; ".join(
         f"{rate} {way} " + " / ".join(f"{t['steps_per_s']:.0f}" for t in runs)
         for rate, ways in results.items() for way, runs in ways.items()) + "."]
-    (out / "training.md").write_text("\n".join(lines) + "\n")
+    (out / f"training{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
