@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -63,10 +64,18 @@ class Backend(Protocol):
 def _client(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """A Slurm client command run from inside the job, without the job's own SLURM_*
     settings (salloc and srun read some of them as options; the job and its nodes are
-    named on the command line), SLURM_CONF kept."""
+    named on the command line), SLURM_CONF kept; in the temporary directory (a resize
+    writes ``slurm_job_*_resize.sh`` where it runs).  A command that does not answer
+    within ``timeout`` (slurmctld busy with a failure) returns 124 and says so."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "SALLOC_", "SBATCH_")) or k == "SLURM_CONF"}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=tempfile.gettempdir())
+    except (subprocess.TimeoutExpired, OSError) as err:
+        why = f"no answer in {timeout:g} s" if isinstance(err, subprocess.TimeoutExpired) \
+            else str(err)
+        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]}: {why}")
 
 
 def say(line: str) -> None:
@@ -139,7 +148,7 @@ def _attempt(backend: Backend, job: str, attempt: int, hosts: list[str], per_nod
                         f"{'them' if len(back) > 1 else 'it'}")
                     proc.send_signal(signal.SIGTERM)
                     stopped = True
-    except KeyboardInterrupt:
+    except BaseException:           # Ctrl-C, or the driver's own failure: no job left behind
         backend.kill(proc)
         raise
     lines = backend.report(hosts, per_node)
@@ -184,34 +193,52 @@ class Slurm:
             raise ElasticError(f"scontrol show hostnames {nodelist}: {out.stderr.strip()}")
         self.probe_s, self.per_node = probe_s, per_node
         self.check_s, self.grow_s = check_s, grow_s
+        #: an expansion must share the job's partition, account and QOS
+        self.same = [f"--{opt}={os.environ[var]}" for opt, var in (
+            ("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"),
+            ("qos", "SLURM_JOB_QOS")) if os.environ.get(var)]
         self._checked = time.monotonic()
         self._refused: dict[str, float] = {}     # host -> when it last failed to join
 
-    def members(self) -> list[str]:
-        """The nodes in this job's allocation now (Slurm's view)."""
-        out = _client("scontrol", "show", "job", "-o", self.job).stdout
-        nodes = next((w.split("=", 1)[1] for w in out.split() if w.startswith("NodeList=")),
-                     "(null)")
-        return [] if nodes == "(null)" else _client("scontrol", "show", "hostnames",
-                                                    nodes).stdout.split()
+    def members(self) -> list[str] | None:
+        """The nodes in this job's allocation now (Slurm's view); None when Slurm does
+        not say."""
+        out = _client("scontrol", "show", "job", "-o", self.job)
+        nodes = next((w.split("=", 1)[1] for w in out.stdout.split()
+                      if w.startswith("NodeList=")), None)
+        if out.returncode or nodes is None:
+            return None
+        if nodes == "(null)":
+            return []
+        hosts = _client("scontrol", "show", "hostnames", nodes)
+        return hosts.stdout.split() if hosts.returncode == 0 else None
 
-    def _state_ok(self, host: str) -> bool:
-        out = _client("scontrol", "show", "node", "-o", host).stdout
-        state = next((w.split("=", 1)[1] for w in out.split() if w.startswith("State=")), "")
-        flags = {s.rstrip("*") for s in state.split("+")}
-        return bool(state) and not flags & DEAD_STATES and not state.endswith("*")
+    def _state(self, host: str) -> set[str] | None:
+        """The node's state flags (``{"IDLE"}``, ``{"ALLOCATED"}``...; a trailing ``*``,
+        not responding, kept as ``"*"``), None when Slurm does not say."""
+        out = _client("scontrol", "show", "node", "-o", host)
+        state = next((w.split("=", 1)[1] for w in out.stdout.split()
+                      if w.startswith("State=")), "")
+        if out.returncode or not state:
+            return None
+        return {s.rstrip("*") for s in state.split("+")} | ({"*"} if "*" in state else set())
+
+    def _state_ok(self, host: str, flags: set[str] | None) -> bool:
+        """No step can run on a node Slurm reports down; when Slurm does not answer,
+        the probe decides."""
+        return flags is None or not flags & (DEAD_STATES | {"*"})
 
     def _probe(self, host: str) -> bool:
-        try:
-            return _client("srun", "--overlap", f"--jobid={self.job}", "-N1", "-n1", "-w", host,
-                           "true", timeout=self.probe_s).returncode == 0
-        except subprocess.TimeoutExpired:
-            return False
+        return _client("srun", "--overlap", f"--jobid={self.job}", "-N1", "-n1", "-w", host,
+                       "true", timeout=self.probe_s).returncode == 0
 
     def live(self, hosts: list[str] | None = None) -> list[str]:
-        wanted = [h for h in (self.hosts if hosts is None else hosts) if self._state_ok(h)]
+        states = {h: self._state(h) for h in (self.hosts if hosts is None else hosts)}
+        wanted = [h for h, flags in states.items() if self._state_ok(h, flags)]
         members = self.members()
-        wanted = [h for h in wanted if h in members or self._join(h)]
+        if members is not None:    # outside the allocation: an idle node may join it
+            wanted = [h for h in wanted if h in members
+                      or ("IDLE" in (states[h] or ()) and self._join(h))]
         with ThreadPoolExecutor(max(1, len(wanted))) as pool:
             ok = list(pool.map(self._probe, wanted))
         return [h for h, good in zip(wanted, ok, strict=True) if good]
@@ -228,23 +255,23 @@ class Slurm:
         """Bring ``host`` (idle, outside the allocation) into it by job expansion."""
         if time.monotonic() - self._refused.get(host, -math.inf) < 60:
             return False
-        argv = ["salloc", "--no-shell", f"--immediate={math.ceil(self.grow_s)}", "-N1",
-                f"--ntasks-per-node={self.per_node}", "-w", host,
-                f"--dependency=expand:{self.job}", "-J", f"mpirl-join-{self.job}"]
-        try:
-            got = _client(*argv, timeout=self.grow_s + 10)
-        except subprocess.TimeoutExpired:
-            got = subprocess.CompletedProcess(argv, 1, "", f"no answer in {self.grow_s:g} s")
+        name = f"mpirl-join-{self.job}"
+        got = _client("salloc", "--no-shell", f"--immediate={math.ceil(self.grow_s)}", "-N1",
+                      f"--ntasks-per-node={self.per_node}", "-w", host, *self.same,
+                      f"--dependency=expand:{self.job}", "-J", name, timeout=self.grow_s + 10)
         new = next((w for w in got.stderr.split() if w.isdigit()), "")
-        if got.returncode == 0 and new:
-            _client("scontrol", "update", f"jobid={new}", "NumNodes=0")
-            _client("scontrol", "update", f"jobid={self.job}", "NumNodes=ALL")
-            _client("scancel", new)          # empty now, or failed to merge: not kept
-            if host in self.members():
-                say(f"{host} is back and joined the allocation (expansion job {new})")
-                return True
+        steps = [got]
+        if got.returncode == 0 and new:     # Slurm merges at the first; the second may fail
+            steps += [_client("scontrol", "update", f"jobid={new}", "NumNodes=0"),
+                      _client("scontrol", "update", f"jobid={self.job}", "NumNodes=ALL")]
+        _client("scancel", "--name", name)     # empty now, or not merged: not kept
+        if new and host in (self.members() or ()):
+            say(f"{host} is back and joined the allocation (expansion job {new})")
+            return True
         self._refused[host] = time.monotonic()
-        reason = (got.stderr.strip().splitlines() or ["its node did not merge"])[-1]
+        reason = next((line for done in steps if done.returncode
+                       for line in reversed(done.stderr.strip().splitlines())),
+                      "its node did not merge")
         say(f"{host} is back but did not join the allocation ({reason}; Slurm's job "
             "expansion needs SchedulerParameters=permit_job_expansion); retrying in 60 s")
         return False
