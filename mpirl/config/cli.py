@@ -121,4 +121,6 @@ def parse_args(argv: list[str] | None = None) -> Config:
             given.add(f.name)
     if not args.resume:            # a run's saved configuration holds every field
         cfg.take_design_defaults(given)
+    elif not args.config:          # built from the run's own config.yaml: flags on top
+        cfg.resumed_with = tuple(sorted(given))
     return cfg

@@ -31,6 +31,10 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
     """Everything that defines a run; identical on every rank.  Fields come in the order
     design, environment, learner, bookkeeping, faults (dataclass bases, last first)."""
 
+    #: not a field: the fields given as flags on top of a resumed run's own config.yaml
+    #: (set by :func:`mpirl.config.cli.parse_args`), which :meth:`save_resumed` saves
+    resumed_with = ()
+
     # -- derived ---------------------------------------------------------------------------
     def slowdown_of(self, rank: int) -> float:
         """The straggler factor of ``rank`` (1.0 when it is not a straggler)."""
@@ -156,18 +160,21 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     def save_resumed(self, path: Path) -> list[str]:
-        """``--resume``: write the fields given on top of the run's ``config.yaml`` (the
-        budget, above all: a later resume goes on to the new one) into it, keeping the
-        file's ``resume`` and ``fail`` (the failures injected before, a record); returns
-        the fields changed as ``name old -> new``."""
-        before, now = Config.from_yaml(path).to_dict(), self.to_dict()
-        changed = [k for k, v in now.items() if k not in ("resume", "fail") and before[k] != v]
+        """``--resume``: write the fields given as flags on top of the run's
+        ``config.yaml`` (:attr:`resumed_with`; the budget, above all: a later resume goes
+        on to the new one) into it; ``resume`` and ``fail`` are never written (the file's
+        ``fail`` is the record of the failures injected before).  Returns the fields
+        changed as ``name old -> new``."""
+        saved = Config.from_yaml(path).to_dict()
+        now = self.to_dict()
+        changed = [k for k in self.resumed_with
+                   if k not in ("resume", "fail") and saved[k] != now[k]]
         if changed:
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(yaml.safe_dump({**now, "resume": before["resume"],
-                                           "fail": before["fail"]}, sort_keys=False))
+            tmp.write_text(yaml.safe_dump({**saved, **{k: now[k] for k in changed}},
+                                          sort_keys=False))
             tmp.replace(path)                  # whole, or the old file untouched
-        return [f"{k} {before[k]} -> {now[k]}" for k in changed]
+        return [f"{k} {saved[k]} -> {now[k]}" for k in changed]
 
     # -- validation -------------------------------------------------------------------------
     def validate(self, world_size: int) -> "Config":

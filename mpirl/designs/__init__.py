@@ -38,11 +38,6 @@ def entry(cfg: Config) -> Callable[[Config, MPI.Comm, Path], Summary]:
 def make_run_dir(cfg: Config, comm: MPI.Comm) -> Path:
     """Rank 0 creates the run directory and saves the configuration; all ranks learn it."""
     if cfg.resume:
-        if comm.Get_rank() == 0:
-            changed = cfg.save_resumed(Path(cfg.resume) / "config.yaml")
-            if changed:
-                print(f"mpirl: resuming with {', '.join(changed)} (saved to "
-                      f"{Path(cfg.resume) / 'config.yaml'})", flush=True)
         return Path(cfg.resume)
     path = None
     if comm.Get_rank() == 0:

@@ -48,17 +48,17 @@ def push_meta_len(learner: Learner) -> int:
     return len(PUSH_META) + (0 if stats is None else stats.pack().size)
 
 
-def restore_generation(saved: TrainingState, run_dir: Path, rank: int, generation: int,
-                       size: int) -> None:
+def restore_generation(cfg: Config, saved: TrainingState, run_dir: Path, rank: int,
+                       generation: int, size: int) -> None:
     """Put a rank's saved state of ``generation`` back, checking it is that generation's
     file of a ``size``-rank run."""
     state = saved.restore(run_dir, rank, generation)
-    if rank == 0:
-        print(f"mpirl: resumed {run_dir} from checkpoint generation {generation}", flush=True)
     if state["generation"] != generation or state["world_size"] != size:
         raise RuntimeError(f"checkpoint {checkpoint.path_for(run_dir, rank, generation)} "
                            f"is of generation {state['generation']} of a "
                            f"{state['world_size']}-rank run")
+    if rank == 0:
+        checkpoint.say_resumed(cfg, run_dir, f"from checkpoint generation {generation}")
 
 
 class Worker:
@@ -81,7 +81,7 @@ class Worker:
         self.resumed = generation is not None
         self.saved = TrainingState(self, learner, actor, self.episodes)
         if self.resumed:
-            restore_generation(self.saved, run_dir, ps.rank, generation, ps.size)
+            restore_generation(cfg, self.saved, run_dir, ps.rank, generation, ps.size)
         self.log = RunLogger(cfg, ps.comm, run_dir, role="worker",
                              resume_update=self.pushes if self.resumed else None)
 

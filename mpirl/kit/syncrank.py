@@ -26,7 +26,7 @@ from .common import (Episodes, Summary, build_replica, check_same_model, comm_sh
 from .overlap import Overlap, Whole
 from ..parts.actor import Actor
 from ..parts.learner import Learner
-from ..resilience import elastic
+from ..resilience import checkpoint, elastic
 from ..resilience.checkpoint import TrainingState
 from ..resilience.elastic import NodeCommits
 from ..resilience.exchange import Exchange
@@ -119,8 +119,8 @@ class SyncRank:
         if cfg.resume:
             saved.restore(run_dir, rank)
             if rank == 0:
-                print(f"mpirl: resumed {run_dir} at update {count.update} "
-                      f"({count.env_steps} env steps) from its checkpoints", flush=True)
+                checkpoint.say_resumed(cfg, run_dir, f"at update {count.update} "
+                                       f"({count.env_steps} env steps) from its checkpoints")
         commits = elastic.start(cfg, comm, run_dir, progress.elapsed(),
                                 restore=lambda state: continue_from(state, learner, count),
                                 reseed=lambda seed: reseed(actor, seed + 10000 * rank))
