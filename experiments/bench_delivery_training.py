@@ -29,8 +29,8 @@ The ways alternate (ABAB: the same conditions for both), ``--trials`` of each pe
 rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
 wall time, learner updates/s, the actors' env share (the rest is waiting on their sends
 and on parameters), mean policy lag, and the learner's link MiB per update.  Writes
-``training.md`` and ``training.json`` under ``--out`` (medians over trials; beside
-``bench_delivery.py``'s ``results.md``).
+``training.md`` and ``training.json`` (``--mode apex``: ``training-apex.*``) under
+``--out`` (medians over trials; beside ``bench_delivery.py``'s ``results.md``).
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def main() -> int:
     parser.add_argument("--unrolls", type=int, default=30, help="unrolls per actor")
     parser.add_argument("--cost-ms", type=float, default=3.0)
     parser.add_argument("--rewrite", action="store_true",
-                        help="rewrite training.md from --out's training.json, running nothing")
+                        help="rewrite training{,-apex}.md from --out's training{,-apex}.json, "
+                             "running nothing")
     args = parser.parse_args()
     out = (ROOT / args.out).resolve()
     _, actors, suffix = MODES[args.mode]
