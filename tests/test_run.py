@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import csv
 import os
+import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import SHORT, SMALL, train
-from mpirl.launch import mpiexec_path
+from conftest import ROOT, SHORT, SMALL, train
+from mpirl.launch import THREAD_DEFAULTS, apply_mpi_defaults, mpiexec_path
 from mpirun import run_mpi
 
 #: 16 updates of 3 ranks x 2 envs x 16 steps, a progress line every 4, checksums every 3
@@ -202,3 +203,16 @@ def test_ranks_launched_with_different_configurations_are_refused(tmp_path):
     assert "ranks [1] were launched with a configuration different from rank 0's " \
            "(rank 1: seed=2 vs 1)" in result.output, result.tail()
     assert not any(tmp_path.iterdir())
+
+
+def test_torch_threads_sleep_when_idle_unless_the_user_says_otherwise():
+    """OpenMP's waiting threads sleep (a spinning one lost its core to any busy process:
+    a 1-rank run 12x slower beside a CI run); a user's own setting is kept."""
+    assert apply_mpi_defaults({})["OMP_WAIT_POLICY"] == "PASSIVE" == THREAD_DEFAULTS[
+        "OMP_WAIT_POLICY"]
+    assert apply_mpi_defaults({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+    probe = "import os, mpirl.run, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, env={**env, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.split() == ["PASSIVE"], done.stderr      # set before torch loads
