@@ -223,7 +223,8 @@ class Slurm:
             return None
         return {s.rstrip("*") for s in state.split("+")} | ({"*"} if "*" in state else set())
 
-    def _state_ok(self, host: str, flags: set[str] | None) -> bool:
+    @staticmethod
+    def _state_ok(flags: set[str] | None) -> bool:
         """No step can run on a node Slurm reports down; when Slurm does not answer,
         the probe decides."""
         return flags is None or not flags & (DEAD_STATES | {"*"})
@@ -234,7 +235,7 @@ class Slurm:
 
     def live(self, hosts: list[str] | None = None) -> list[str]:
         states = {h: self._state(h) for h in (self.hosts if hosts is None else hosts)}
-        wanted = [h for h, flags in states.items() if self._state_ok(h, flags)]
+        wanted = [h for h, flags in states.items() if self._state_ok(flags)]
         members = self.members()
         if members is not None:    # outside the allocation: an idle node may join it
             wanted = [h for h in wanted if h in members
