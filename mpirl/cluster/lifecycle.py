@@ -5,16 +5,20 @@ its network (:mod:`.net`) and its Slurm (:mod:`.slurm`) together.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
 import shutil
+import sys
+import time
 from pathlib import Path
 
 from . import slurm
 from .net import (DEFAULT_SUBNET, Cluster, ClusterError, check_name, check_rate, in_ns,
                   kill_namespace, link_bytes, link_state, load, namespaces, off_marker, pids_in,
                   save, set_rate, sh, spell_rate, state_dir)
+from . import net
 
 MAX_NODES = 64
 
@@ -112,17 +116,68 @@ exec ip netns exec "{spec.name}-$host" unshare --uts -- \\
     return path
 
 
+# -- claim -------------------------------------------------------------------------------
+#: how long :func:`claimed` waits for another process's claim by default (a test module's
+#: or a benchmark's whole cluster life)
+CLAIM_WAIT_S = 3600.0
+
+
+def claim_path(name: str) -> Path:
+    """The lock file of cluster ``name``: beside its state directory, which ``down``
+    removes, so the lock outlives the cluster it guards."""
+    return net.STATE_ROOT / f"{check_name(name)}-cluster.lock"
+
+
+@contextlib.contextmanager
+def claimed(name: str, wait_s: float = CLAIM_WAIT_S):
+    """Hold cluster ``name`` for this process while the block runs: an exclusive
+    ``flock`` on :func:`claim_path`, so that a second user of the name (another test
+    session, a benchmark script) waits for the first instead of taking its cluster down
+    under its running jobs.  The kernel drops the lock when the holder ends, even by
+    SIGKILL.  Says once on stderr whom it waits for; past ``wait_s``, ClusterError naming
+    the holder.  ``python -m mpirl.cluster down`` typed by hand does not ask: a user
+    may always take a cluster down."""
+    path = claim_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline, said = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                if time.monotonic() >= deadline:
+                    raise ClusterError(
+                        f"cluster {name!r} is claimed by pid {holder} (a test session or "
+                        f"benchmark using it; lock {path}); waited {wait_s:.0f} s; wait for "
+                        "it to end or use another --name") from None
+                if not said:
+                    print(f"mpirl.cluster: cluster {name!r} is claimed by pid {holder}; "
+                          "waiting for it to end", file=sys.stderr, flush=True)
+                    said = True
+                time.sleep(0.5)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)          # releases the lock
+
+
 # -- down --------------------------------------------------------------------------------
 @contextlib.contextmanager
 def owned(name: str, nodes: int, subnet: str):
-    """A cluster of a script's own: whatever is left of ``name`` taken down, the cluster
-    brought up uncapped and yielded, and taken down at the end, also on error."""
-    down(name)
-    spec = up(name, nodes, "off", subnet)
-    try:
-        yield spec
-    finally:
+    """A cluster of a script's own: the name claimed (:func:`claimed`), whatever is left
+    of it taken down, the cluster brought up uncapped and yielded, and taken down at the
+    end, also on error."""
+    with claimed(name):
         down(name)
+        spec = up(name, nodes, "off", subnet)
+        try:
+            yield spec
+        finally:
+            down(name)
 
 
 def down(name: str) -> list[str]:

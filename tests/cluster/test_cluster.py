@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import BATCH, ROOT, require
-from mpirl.cluster import launch, net
+from mpirl.cluster import launch, lifecycle, net
 from mpirl.launch import cpu_count
 from mpirl.telemetry.read import open_run
 from mpirun import start_mpi
@@ -50,18 +50,21 @@ def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Two nodes at 1 Gbit/s with a Slurm on them, for the whole module; down after."""
+    """Two nodes at 1 Gbit/s with a Slurm on them, for the whole module; down after.
+    The name is claimed meanwhile, so a second test session waits instead of taking
+    this one's cluster down."""
     require(why_not())
     require(slurm_why_not())
-    cli("down")
-    up = cli("up", "--nodes", "2", "--rate", "1gbit", "--subnet", SUBNET, "--slurm")
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield net.load(NAME)
-    finally:
-        down = cli("down")
-        assert down.returncode == 0, down.stderr
-        assert net.namespaces(NAME) == [] and not net.state_dir(NAME).exists()
+    with lifecycle.claimed(NAME):
+        cli("down")
+        up = cli("up", "--nodes", "2", "--rate", "1gbit", "--subnet", SUBNET, "--slurm")
+        assert up.returncode == 0, up.stdout + up.stderr
+        try:
+            yield net.load(NAME)
+        finally:
+            down = cli("down")
+            assert down.returncode == 0, down.stderr
+            assert net.namespaces(NAME) == [] and not net.state_dir(NAME).exists()
 
 
 def cluster_job(tmp_path, nranks: int, *args: str, name: str = "r", timeout_s: float = 180,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from analysis.elastic import attempts_table, load_job
-from mpirl.cluster import net
+from mpirl.cluster import lifecycle, net
 from tests.cluster.test_cluster import require, slurm_why_not, why_not
 from tests.mpirun import start_mpi
 
@@ -33,16 +33,18 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Three nodes, links uncapped, a Slurm on them; down after the module."""
+    """Three nodes, links uncapped, a Slurm on them; down after the module (the name
+    claimed meanwhile, as in test_cluster.py)."""
     require(why_not())
     require(slurm_why_not())
-    cli("down")
-    up = cli("up", "--nodes", "3", "--subnet", SUBNET, "--slurm")
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield net.load(NAME)
-    finally:
-        assert cli("down").returncode == 0
+    with lifecycle.claimed(NAME):
+        cli("down")
+        up = cli("up", "--nodes", "3", "--subnet", SUBNET, "--slurm")
+        assert up.returncode == 0, up.stdout + up.stderr
+        try:
+            yield net.load(NAME)
+        finally:
+            assert cli("down").returncode == 0
 
 
 def elastic_job(tmp_path, *run_args: str, timeout_s: int = 240):
