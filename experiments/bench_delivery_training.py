@@ -23,7 +23,8 @@ rank and 6 actors; ``push``: each actor asks every ``--actor-refresh-steps`` (40
 every 4th rollout of 128 steps) and the reply carries a copy; ``ring``: the learner
 starts a broadcast after every update unless one is still in flight
 (``--refresh-every 1``), and each actor takes the newest at its refresh points.  Its
-tables go to ``training-apex.md`` and ``training-apex.json``.
+tables go to ``training-apex.md`` and ``training-apex.json``, with a third way, ``ring-every-4``:
+the broadcast every 4th update (``--refresh-every 4``), about the push's cadence.
 
 The ways alternate (ABAB: the same conditions for both), ``--trials`` of each per link
 rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
@@ -48,17 +49,20 @@ NAME = "mpirldtrn"
 SUBNET = "10.231.93.0/24"
 NODES = 8
 RATES = ["100mbit", "1gbit"]
-WAYS = {"push": [], "ring": ["--param-delivery", "broadcast", "--topology", "ring"]}
-#: per mode: the flags that pick it, its actors, the output files' suffix
-MODES = {"impala": (["--mode", "impala"], NODES - 1, ""),
-         "apex": (["--mode", "apex", "--replay-ranks", "1"], NODES - 2, "-apex")}
+RING = ["--param-delivery", "broadcast", "--topology", "ring"]
+WAYS = {"push": [], "ring": RING}
+#: apex adds the broadcast at about the push's cadence: every 4th update
+APEX_WAYS = {**WAYS, "ring-every-4": [*RING, "--refresh-every", "4"]}
+#: per mode: the flags that pick it, its actors, the output files' suffix, its ways
+MODES = {"impala": (["--mode", "impala"], NODES - 1, "", WAYS),
+         "apex": (["--mode", "apex", "--replay-ranks", "1"], NODES - 2, "-apex", APEX_WAYS)}
 
 
 def run_args(mode: str, cost_ms: float, unrolls: int, run_dir: Path,
              name: str) -> list[str]:
     from mpirl.cluster.trials import SLOW_SIM_ROLLOUT, slow_sim_argv
 
-    flags, actors, _ = MODES[mode]
+    flags, actors = MODES[mode][:2]
     return slow_sim_argv(unrolls * actors * SLOW_SIM_ROLLOUT, run_dir, name, cost_ms,
                          *flags)
 
@@ -92,7 +96,7 @@ def main() -> int:
                              "running nothing")
     args = parser.parse_args()
     out = (ROOT / args.out).resolve()
-    _, actors, suffix = MODES[args.mode]
+    _, actors, suffix, ways = MODES[args.mode]
     table = out / f"training{suffix}.json"
     if args.rewrite:
         write(out, json.loads(table.read_text()), args)
@@ -101,7 +105,7 @@ def main() -> int:
 
     runs = out / "training-runs"
     out.mkdir(parents=True, exist_ok=True)
-    results = alternate((NAME, NODES, SUBNET), RATES, WAYS, args.trials, runs,
+    results = alternate((NAME, NODES, SUBNET), RATES, ways, args.trials, runs,
                         lambda runs, name: run_args(args.mode, args.cost_ms, args.unrolls,
                                                     runs, name),
                         lambda run: measure(run, actors))
@@ -116,7 +120,7 @@ def write(out: Path, results: dict, args) -> None:
 
     first = results[RATES[0]]["push"][0]
     trials = len(results[RATES[0]]["push"])
-    _, actors, suffix = MODES[args.mode]
+    _, actors, suffix, ways = MODES[args.mode]
     if args.mode == "impala":
         setup = (f"the learner and {actors} actors. impala", "2 envs x 64 steps per unroll, "
                  "parameters refreshed after every update; `push`: every unroll's reply "
@@ -127,7 +131,8 @@ def write(out: Path, results: dict, args) -> None:
                  "steps (every 4th rollout) and the reply carries a copy; `ring`: "
                  "`--param-delivery broadcast --topology ring`, a broadcast started after "
                  "every update unless one is in flight, each actor taking the newest at "
-                 "its refresh points; policy lag: the updates between the parameters that "
+                 "its refresh points; `ring-every-4`: the same, a broadcast every 4th update "
+                 "(`--refresh-every 4`); policy lag: the updates between the parameters that "
                  "acted and the learner's, over the transitions trained on")
     lines = [f"# Parameter delivery in a training run: {args.mode}, push against broadcast "
              "(experiments/bench_delivery_training.py)", "",
@@ -136,14 +141,14 @@ def write(out: Path, results: dict, args) -> None:
              f"({first['params'] * 4 / 2**20:.2f} MiB per copy) on Delay-v0 at "
              f"{args.cost_ms:g} ms a step, {setup[1]}. The ways alternate, "
              f"{trials} run{'s' * (trials != 1)} of each per link; medians over runs. "
-             "Ratio: ring's steps/s over push's.", "",
+             "Ratio: each way's steps/s over push's.", "",
              "| link | way | env steps/s | learner updates/s | actors' env share | "
              "policy lag | learner link MiB / update | steps/s over push's |",
              "|---|---|---|---|---|---|---|---|"]
-    for rate, ways in results.items():
+    for rate, by_way in results.items():
         med = {way: {k: float(np.median([t[k] for t in runs])) for k in runs[0]}
-               for way, runs in ways.items()}
-        for way in WAYS:
+               for way, runs in by_way.items()}
+        for way in ways:
             m = med[way]
             lines.append(f"| {rate} | {way} | {m['steps_per_s']:.0f} | "
                          f"{m['updates_per_s']:.2f} | {m['actor_env_share']:.0%} | "
@@ -151,7 +156,7 @@ def write(out: Path, results: dict, args) -> None:
                          f"{m['steps_per_s'] / med['push']['steps_per_s']:.2f} |")
     lines += ["", "Env steps/s, run by run: " + "; ".join(
         f"{rate} {way} " + " / ".join(f"{t['steps_per_s']:.0f}" for t in runs)
-        for rate, ways in results.items() for way, runs in ways.items()) + "."]
+        for rate, by_way in results.items() for way, runs in by_way.items()) + "."]
     (out / f"training{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
