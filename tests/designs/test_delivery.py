@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import train, train_many
+from conftest import train_many
 from mpirun import ROOT, run_mpi
 
 
@@ -32,13 +32,33 @@ def learner_bytes(run_dir) -> int:
         return int(f["updates"]["bytes_sent"].sum())
 
 
-def test_a_broadcast_leaves_the_learner_once_not_once_per_actor(tmp_path):
+#: the training runs of the tests below, all at 5 ranks
+IMPALA = ["--mode", "impala", "--total-steps", "2500", "--topology", "ring"]
+RUNS = {
+    # one learner, 4 actors, a refresh every update, pushed and broadcast
+    "push": IMPALA, "cast": [*IMPALA, "--param-delivery", "broadcast"],
+    # learners 0 and 1 (actors 2, 4 and 3), a tree every 2 updates
+    "two": ["--mode", "impala", "--learners", "2", "--topology", "tree",
+            "--param-delivery", "broadcast", "--param-refresh", "updates",
+            "--refresh-every", "2", "--total-steps", "4000"],
+    # learner 0, replay 1, actors 2-4; a tree every 3 learner updates
+    "apex": ["--mode", "apex", "--param-delivery", "broadcast", "--topology", "tree",
+             "--refresh-every", "3", "--total-steps", "4000"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """RUNS in one 5-rank launch (one after another: a launch costs a torch import per
+    rank); (their directory, each one's summary)."""
+    where = tmp_path_factory.mktemp("delivery")
+    return where, train_many(where, 5, RUNS, timeout_s=600)
+
+
+def test_a_broadcast_leaves_the_learner_once_not_once_per_actor(runs):
     """5 ranks, one learner, 4 actors, a parameter refresh every update: ring's chain
     sends the learner's copy once (to the next actor), the push four times."""
-    run = ["--mode", "impala", "--total-steps", "2500", "--topology", "ring"]
-    runs = train_many(tmp_path, 5, {"push": run,
-                                    "cast": [*run, "--param-delivery", "broadcast"]})
-    push, cast = runs["push"], runs["cast"]
+    tmp_path, summaries = runs
+    push, cast = summaries["push"], summaries["cast"]
     assert push["broadcasts_sent"] == push["broadcasts_received"] == 0
     assert 0 < cast["broadcasts_sent"] <= cast["updates"]
     assert cast["broadcasts_received"] == 4 * cast["broadcasts_sent"]      # the ledger's
@@ -53,24 +73,22 @@ def test_a_broadcast_leaves_the_learner_once_not_once_per_actor(tmp_path):
             assert f["updates"]["bytes_recv"].sum() > 0          # the broadcasts' bytes
 
 
-def test_two_learners_each_broadcast_to_their_actors(tmp_path):
+def test_two_learners_each_broadcast_to_their_actors(runs):
     """5 ranks, learners 0 and 1 (actors 2, 4 and 3), a tree every 2 updates."""
-    _, s = train(tmp_path, 5, "--mode", "impala", "--learners", "2", "--topology", "tree",
-                 "--param-delivery", "broadcast", "--param-refresh", "updates",
-                 "--refresh-every", "2", "--total-steps", "4000")
+    s = runs[1]["two"]
     assert 0 < s["broadcasts_sent"] <= s["updates"]              # both learners' together
     assert s["broadcasts_received"] > s["broadcasts_sent"]
 
 
-def test_apex_broadcasts_to_its_actors_past_the_replay_ranks(tmp_path):
+def test_apex_broadcasts_to_its_actors_past_the_replay_ranks(runs):
     """5 ranks: learner 0, replay 1, actors 2-4; a tree every 3 learner updates; the
     actors take the newest at their refresh points."""
-    _, s = train(tmp_path, 5, "--mode", "apex", "--param-delivery", "broadcast",
-                 "--topology", "tree", "--refresh-every", "3", "--total-steps", "4000")
+    tmp_path, summaries = runs
+    s = summaries["apex"]
     assert 0 < s["broadcasts_sent"] <= s["updates"] // 3
     assert s["broadcasts_received"] == 3 * s["broadcasts_sent"]
     assert s["transitions_sent"] == s["transitions_inserted"]
-    with h5py.File(tmp_path / "r" / "rank0004.h5", "r") as f:
+    with h5py.File(tmp_path / "apex" / "rank0004.h5", "r") as f:
         versions = f["updates"]["param_version"][:]
         assert (np.diff(versions) >= 0).all() and versions[-1] >= 3
 

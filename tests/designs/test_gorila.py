@@ -44,9 +44,9 @@ def test_every_push_is_applied_or_dropped_and_each_server_holds_its_shard(
     extra = (["--learning-starts", "64", "--replay-batch", "32", "--replay-capacity", "2000"]
              if mode == "gorila" else ["--topology", "star", "--checkpoint-every", "0"])
     _, s = train(tmp_path, nranks, "--mode", mode, "--servers", str(servers),
-                 "--total-steps", "3000", *extra)
+                 "--total-steps", "1500", *extra)
     assert s["gradients_sent"] == s["gradients_applied"] + s["gradients_dropped"]
-    assert s["env_steps"] >= 3000 and s["updates"] > 0
+    assert s["env_steps"] >= 1500 and s["updates"] > 0
     staleness = np.load(tmp_path / "r" / "staleness.npy")
     assert len(staleness) == s["gradients_applied"] and staleness.min() >= 0
     recv = []

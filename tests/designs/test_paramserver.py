@@ -12,10 +12,10 @@ from conftest import TRICKS, train
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_async_applies_or_drops_every_gradient(tmp_path, nranks):
     _, s = train(tmp_path, nranks, "--mode", "async", "--topology", "star",
-                 "--total-steps", "3000")
+                 "--total-steps", "1500")
     assert s["gradients_sent"] == s["gradients_applied"] + s["gradients_dropped"]
     assert s["gradients_applied"] == s["updates"] > 0
-    assert s["env_steps"] >= 3000
+    assert s["env_steps"] >= 1500
     # one worker can never be stale; more workers interleave, so some gradients are
     assert (s["mean_staleness"] == 0) if nranks == 2 else (s["mean_staleness"] > 0)
     staleness = np.load(tmp_path / "r" / "staleness.npy")

@@ -49,11 +49,13 @@ def test_observation_statistics_are_merged_over_every_rank(tmp_path):
 def test_killed_ppo_run_resumes_to_the_same_parameters(tmp_path):
     run = [*PPO, "--total-steps", "640", "--num-envs", "2", "--rollout-steps", "8",
            "--checkpoint-every", "3", "--run-dir", str(tmp_path)]
-    run_mpi(2, ["-m", "mpirl.run", *run, "--run-name", "full"], timeout_s=180)
     killed = run_mpi(2, ["-m", "mpirl.run", *run, "--run-name", "cut", "--fail", "1@60"],
                      timeout_s=180, check=False)
     assert killed.returncode != 0
-    run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "cut")], timeout_s=180)
+    # the uninterrupted run and the resume in one launch (tests/mpi/runs.py)
+    run_mpi(2, ["tests/mpi/runs.py", json.dumps([[*run, "--run-name", "full"],
+                                                 ["--resume", str(tmp_path / "cut")]])],
+            timeout_s=300)
     full, cut = (json.loads((tmp_path / name / "summary.json").read_text())
                  for name in ("full", "cut"))
     assert cut["param_digest"] == full["param_digest"] and cut["updates"] == full["updates"]

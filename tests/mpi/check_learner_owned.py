@@ -128,7 +128,7 @@ ga3c.Predictor._take_params = watch_predictor(ga3c.Predictor._take_params)
 def check(case: str, args: list[str], run_dir: Path, travels: bool) -> None:
     seen.clear()
     seen.update(published={}, taken=[], trained=0, count=0.0, moved=False)
-    code = run.run_main(["--env", "Pendulum-v1", "--obs-norm", "--total-steps", "3000",
+    code = run.run_main(["--env", "Pendulum-v1", "--obs-norm", "--total-steps", "1200",
                          "--rollout-steps", str(STEPS), "--num-envs", str(ENVS), "--seed", "3",
                          "--run-dir", str(run_dir), "--run-name", case,
                          *args])

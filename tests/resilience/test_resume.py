@@ -35,13 +35,14 @@ def summary(run_dir):
 
 
 def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
-    run_mpi(3, ["-m", "mpirl.run", *RUN, "--run-dir", str(tmp_path), "--run-name", "full"],
-            timeout_s=180)
     killed = run_mpi(3, ["-m", "mpirl.run", *RUN, "--run-dir", str(tmp_path), "--run-name",
                          "cut", "--fail", "1@37"], timeout_s=180, check=False)
     assert killed.returncode != 0 and not (tmp_path / "cut" / "summary.json").exists()
-    resumed = run_mpi(3, ["-m", "mpirl.run", "--resume", str(tmp_path / "cut")], timeout_s=180)
-    assert "injected failure" not in resumed.output       # --fail is not carried over
+    # the uninterrupted run and the resume in one launch (tests/mpi/runs.py)
+    both = run_mpi(3, ["tests/mpi/runs.py", json.dumps([
+        [*RUN, "--run-dir", str(tmp_path), "--run-name", "full"],
+        ["--resume", str(tmp_path / "cut")]])], timeout_s=300)
+    assert "injected failure" not in both.output       # --fail is not carried over
     full, cut = summary(tmp_path / "full"), summary(tmp_path / "cut")
     assert cut["param_digest"] == full["param_digest"]     # bit-identical continuation
     assert (cut["updates"], cut["env_steps"]) == (full["updates"], full["env_steps"])

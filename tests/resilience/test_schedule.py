@@ -48,12 +48,30 @@ def _run(tmp_path, nranks, name, *args, check=True):
 
 
 @pytest.fixture(scope="module")
-def async_run(tmp_path_factory):
-    """One recorded async run at 4 ranks, shared by the tests that only read it (or a
-    copy of it)."""
-    where = tmp_path_factory.mktemp("async")
-    _run(where, 4, "rec", *RUNS["async"])
-    return where / "rec"
+def replayed(tmp_path_factory):
+    """Every design of RUNS recorded (``MODE/rec``) and replayed (``MODE/rep``), one
+    launch per rank count (each run after the one before, in the same processes: a launch
+    costs a torch import per rank); the directory holding them."""
+    where = tmp_path_factory.mktemp("replayed")
+    by_ranks: dict[int, dict[str, list[str]]] = {}
+    for mode, args in RUNS.items():
+        by_ranks.setdefault(RANKS.get(mode, 4), {}).update({
+            f"{mode}-rec": [*COMMON, *args],
+            f"{mode}-rep": [*COMMON, *args, "--replay-schedule", str(where / f"{mode}-rec")]})
+    for nranks, runs in by_ranks.items():
+        train_many(where, nranks, runs, timeout_s=600)
+    for mode in RUNS:          # each design's pair in a directory of its own: MODE/rec, rep
+        (where / mode).mkdir()
+        for run in ("rec", "rep"):
+            (where / f"{mode}-{run}").rename(where / mode / run)
+    return where
+
+
+@pytest.fixture(scope="module")
+def async_run(replayed):
+    """The recorded async run at 4 ranks, for the tests that only read it (or a copy of
+    it)."""
+    return replayed / "async" / "rec"
 
 
 def _summary(tmp_path, name):
@@ -61,14 +79,8 @@ def _summary(tmp_path, name):
 
 
 @pytest.mark.parametrize("mode", list(RUNS))
-def test_a_replayed_run_ends_bit_identical(tmp_path, mode, request):
-    nranks = RANKS.get(mode, 4)
-    replay = [*COMMON, *RUNS[mode], "--replay-schedule", str(tmp_path / "rec")]
-    if mode == "async":
-        shutil.copytree(request.getfixturevalue("async_run"), tmp_path / "rec")
-        _run(tmp_path, nranks, "rep", *RUNS[mode], "--replay-schedule", str(tmp_path / "rec"))
-    else:       # recorded and replayed in one launch
-        train_many(tmp_path, nranks, {"rec": [*COMMON, *RUNS[mode]], "rep": replay})
+def test_a_replayed_run_ends_bit_identical(replayed, mode):
+    tmp_path = replayed / mode
     rec, rep = _summary(tmp_path, "rec"), _summary(tmp_path, "rep")
     assert rep["param_digest"] == rec["param_digest"]
     for run in ("rec", "rep"):       # each design's rows hold only their own time

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -30,6 +32,36 @@ def slurm_ready() -> str | None:
 @pytest.fixture(scope="module")
 def slurm():
     require(slurm_ready())
+
+
+#: the states a job (or an array's task) ends in
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def sbatch_and_wait(args: list[str], run_dir, timeout_s: float = 300) -> str:
+    """``sbatch --parsable ARGS``, then the job (every task of an array) polled every
+    0.2 s until it has ended; fails unless every task COMPLETED, and returns the job id.
+    (``sbatch --wait`` polls at growing intervals up to 10 s: a 4 s job took 10 s.)
+    Slurm keeps an ended job's record ``MinJobAge`` (300 s, .ci/slurm-up) to read."""
+    from conftest import ROOT
+
+    out = subprocess.run(["sbatch", "--parsable", *args], cwd=ROOT,
+                         env={**os.environ, "MPIRL_RUN_DIR": str(run_dir)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = out.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        show = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True,
+                              text=True, timeout=30)
+        states = re.findall(r"\bJobState=(\S+)", show.stdout)
+        if states and ENDED.issuperset(states):
+            break
+        assert time.monotonic() < deadline, f"job {job} not ended in {timeout_s} s: {states}"
+        time.sleep(0.2)
+    assert set(states) == {"COMPLETED"}, show.stdout
+    return job
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "srun"])
@@ -87,16 +119,9 @@ def test_a_failed_point_resubmitted_resumes_from_its_checkpoints(slurm, tmp_path
 
 
 def test_hand_written_array_template_runs_one_topology_per_task(slurm, tmp_path):
-    from conftest import ROOT
-
-    out = subprocess.run(
-        ["sbatch", "--parsable", "--wait", "--ntasks=2", "--array=0-1",
-         f"--output={tmp_path}/slurm-%A_%a.out", "experiments/slurm/topologies_array.sbatch",
-         "--total-steps", "640", *BATCH],
-        cwd=ROOT, env={**os.environ, "MPIRL_RUN_DIR": str(tmp_path)}, capture_output=True,
-        text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    array_id = out.stdout.strip().split(";")[0]
+    array_id = sbatch_and_wait(
+        ["--ntasks=2", "--array=0-1", f"--output={tmp_path}/slurm-%A_%a.out",
+         "experiments/slurm/topologies_array.sbatch", "--total-steps", "640", *BATCH], tmp_path)
     for topology in ("native", "star"):         # TOPOLOGIES[0], TOPOLOGIES[1]
         run_dir = tmp_path / f"array-{array_id}" / f"{topology}-2r"
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -106,15 +131,9 @@ def test_hand_written_array_template_runs_one_topology_per_task(slurm, tmp_path)
 
 
 def test_hand_written_single_run_template(slurm, tmp_path):
-    from conftest import ROOT
-
-    out = subprocess.run(
-        ["sbatch", "--parsable", "--wait", "--ntasks=3", "--job-name=one",
-         f"--output={tmp_path}/slurm-%j.out", "experiments/slurm/run.sbatch",
-         "--topology", "ring", "--total-steps", "640", *BATCH],
-        cwd=ROOT, env={**os.environ, "MPIRL_RUN_DIR": str(tmp_path)}, capture_output=True,
-        text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    job = out.stdout.strip().split(";")[0]
+    job = sbatch_and_wait(
+        ["--ntasks=3", "--job-name=one", f"--output={tmp_path}/slurm-%j.out",
+         "experiments/slurm/run.sbatch", "--topology", "ring", "--total-steps", "640", *BATCH],
+        tmp_path)
     summary = json.loads((tmp_path / f"one-{job}" / "summary.json").read_text())
     assert summary["topology"] == "ring" and summary["ranks"] == 3
