@@ -15,25 +15,45 @@ from mpirun import ROOT, run_mpi
 CHECK = str(ROOT / "tests" / "mpi" / "check_sharded.py")
 
 
-def _digests(output: str) -> dict[str, str]:
-    return dict(line.split() for line in output.splitlines()
-                if line.startswith(("worker ", "servers ")))
+def _digests(lines: list[str]) -> dict[str, str]:
+    return dict(line.split() for line in lines if line.startswith(("worker ", "servers ")))
+
+
+#: check_sharded.py's cases by rank count (S servers, one worker): the same push
+#: sequences over one server and over three shards, and a worker stopped by shard 0 alone
+SHARDED = {2: ["1:adam:25", "1:sgd:25"], 4: ["3:adam:25", "3:sgd:25", "3:adam:10:leave"]}
+
+
+@pytest.fixture(scope="module")
+def sharded() -> dict[str, list[str]]:
+    """Every case of SHARDED, one launch per rank count (one case after another: a launch
+    costs a torch import per rank); each case's printed lines, its prefix removed, by
+    case, and under "" every line of the launches that no case's prefix claims."""
+    lines: dict[str, list[str]] = {"": []}
+    for nranks, cases in SHARDED.items():
+        output = run_mpi(nranks, [CHECK, *cases], timeout_s=120).output.splitlines()
+        prefixes = tuple(f"[{case}] " for case in cases)
+        for case, prefix in zip(cases, prefixes, strict=True):
+            lines[case] = [line[len(prefix):] for line in output if line.startswith(prefix)]
+        lines[""] += [line for line in output if not line.startswith(prefixes)]
+    return lines
 
 
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
-def test_sharded_servers_end_identical_to_one(kind):
-    one = _digests(run_mpi(2, [CHECK, "1", kind, "25"], timeout_s=60).output)
-    three = _digests(run_mpi(4, [CHECK, "3", kind, "25"], timeout_s=60).output)
+def test_sharded_servers_end_identical_to_one(sharded, kind):
+    one = _digests(sharded[f"1:{kind}:25"])
+    three = _digests(sharded[f"3:{kind}:25"])
     assert one["worker"] == one["servers"] == three["worker"] == three["servers"]
 
 
-def test_a_worker_stopped_by_shard_0_leaves_the_others():
-    result = run_mpi(4, [CHECK, "3", "adam", "10", "leave"], timeout_s=60)
-    applied = sorted(line for line in result.output.splitlines() if "applied" in line)
+def test_a_worker_stopped_by_shard_0_leaves_the_others(sharded):
+    lines = sharded["3:adam:10:leave"]
+    applied = sorted(line for line in lines if "applied" in line)
     # shard 0 stopped the worker at its 11th push; shards 1 and 2 applied it, then
     # took the leaving push (answered STOP): every shard ended
     assert applied == ["shard 0 applied 10", "shard 1 applied 11", "shard 2 applied 11"]
-    d = _digests(result.output)
+    assert not [line for line in sharded[""] if "applied" in line], sharded[""]
+    d = _digests(lines)
     assert d["worker"] == d["servers"]
 
 

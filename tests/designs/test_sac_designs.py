@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import train
+from conftest import train, train_many
 
 SAC = ["--env", "Pendulum-v1", "--num-envs", "1", "--rollout-steps", "1", "--hidden", "64",
        "64", "--activation", "relu", "--lr", "0.001", "--max-grad-norm", "0", "--n-step",
@@ -44,14 +44,31 @@ def test_apex_runs_sac_over_replay_ranks(tmp_path):
     assert np.isfinite(rows["entropy"]).all()
 
 
-@pytest.mark.parametrize("env, extra", [("Pendulum-v1", []),
-                                        ("CartPole-v1", ["--dueling"])], ids=["sac", "dqn"])
-def test_sync_replay_keeps_replicas_identical_with_their_own_replays(tmp_path, env, extra):
+def sync_replay(env: str, extra: list[str]) -> list[str]:
+    """3 ranks, each its own replay, learning SAC (Pendulum) or DQN (CartPole)."""
+    args = [a if a != "Pendulum-v1" else env for a in SAC]
+    return ["--mode", "sync-replay", *args, *extra, "--total-steps", "1500",
+            "--learning-starts", "600", "--update-repeat", "2", "--checksum-every", "10"]
+
+
+#: the runs at 3 ranks, by the sync-replay test's case, in one launch (fixture ``three``)
+THREE = {"sac": sync_replay("Pendulum-v1", []), "dqn": sync_replay("CartPole-v1", ["--dueling"])}
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    """THREE in one 3-rank launch (one after another: a launch costs a torch import per
+    rank); their directory and each one's summary."""
+    where = tmp_path_factory.mktemp("three")
+    return where, train_many(where, 3, THREE, timeout_s=600)
+
+
+@pytest.mark.parametrize("learner", ["sac", "dqn"])
+def test_sync_replay_keeps_replicas_identical_with_their_own_replays(three, learner):
     # 3 ranks, each its own replay: the averaged gradients and targets keep the replicas
     # byte-identical (checked every 10 updates), every transition stays where it was made
-    args = [a if a != "Pendulum-v1" else env for a in SAC]
-    _, s = train(tmp_path, 3, "--mode", "sync-replay", *args, *extra, "--total-steps", "1500",
-                 "--learning-starts", "600", "--update-repeat", "2", "--checksum-every", "10")
+    where, summaries = three
+    s = summaries[learner]
     assert s["env_steps"] == 1500 and s["transitions_inserted"] == 1500
     # warm once each replay holds 600 / 3: from the 200th rollout on, 2 updates each
     assert s["updates"] == 2 * (500 - 200 + 1)
@@ -60,7 +77,7 @@ def test_sync_replay_keeps_replicas_identical_with_their_own_replays(tmp_path, e
     # every rank's log: one row per update (and per warm-up rollout), the inserts summed
     inserted = 0
     for rank in range(3):
-        with h5py.File(tmp_path / "r" / f"rank{rank:04d}.h5", "r") as f:
+        with h5py.File(where / learner / f"rank{rank:04d}.h5", "r") as f:
             rows = f["updates"][...]
         inserted += int(rows["inserted"].sum())
         assert np.isfinite(rows["value_loss"][rows["sampled"] > 0]).all()

@@ -22,15 +22,26 @@ from mpirun import run_mpi, start_mpi
 LOGGED = [*BATCH, "--log-flush-every", "7"]
 
 
-def run(tmp_path, nranks, *args, name="r"):
-    run_mpi(nranks, ["-m", "mpirl.run", *LOGGED, *args, "--run-dir", str(tmp_path),
-                     "--run-name", name], timeout_s=180)
-    run_dir = tmp_path / name
-    return run_dir, json.loads((run_dir / "summary.json").read_text())
+#: the runs the first tests read back, all at 3 ranks, in one launch (fixture ``three``)
+THREE = {"sync": ["--total-steps", "2400"],
+         "async": ["--mode", "async", "--topology", "star", "--total-steps", "2400"]}
 
 
-def test_sync_run_log_has_metadata_every_rank_and_every_update(tmp_path):
-    run_dir, s = run(tmp_path, 3, "--total-steps", "2400")
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    """THREE with LOGGED in one 3-rank launch (one after another in the same processes,
+    tests/mpi/runs.py: a launch costs a torch import per rank); each run's directory and
+    summary, by name."""
+    where = tmp_path_factory.mktemp("three")
+    argvs = [[*LOGGED, *args, "--run-dir", str(where), "--run-name", name]
+             for name, args in THREE.items()]
+    run_mpi(3, ["tests/mpi/runs.py", json.dumps(argvs)], timeout_s=600)
+    return {name: (where / name, json.loads((where / name / "summary.json").read_text()))
+            for name in THREE}
+
+
+def test_sync_run_log_has_metadata_every_rank_and_every_update(three):
+    run_dir, s = three["sync"]
     with h5py.File(run_dir / "run.h5", "r") as f:       # plain h5py after a clean end
         attrs = dict(f.attrs)
         assert json.loads(attrs["config_json"]) == yaml.safe_load(
@@ -54,9 +65,8 @@ def test_sync_run_log_has_metadata_every_rank_and_every_update(tmp_path):
         assert steps == s["env_steps"]
 
 
-def test_async_server_log_accounts_for_every_gradient(tmp_path):
-    run_dir, s = run(tmp_path, 3, "--mode", "async", "--topology", "star",
-                     "--total-steps", "2400")
+def test_async_server_log_accounts_for_every_gradient(three):
+    run_dir, s = three["async"]
     with open_run(run_dir / "run.h5") as f:
         server = f["ranks/0000/updates"][...]
         assert f["ranks/0000"].attrs["role"] == "server"

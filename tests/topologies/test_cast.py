@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import train
+from conftest import train_many
 from mpirl.telemetry.read import load_run
 from mpirun import run_mpi
 
@@ -22,10 +22,13 @@ def test_wrappers_halve_the_bytes_divide_first_and_keep_replicas_identical(nrank
 
 
 def test_a_compressed_run_sends_half_the_gradient_bytes(tmp_path):
+    # both runs in one launch (one after another: a launch costs a torch import per rank);
+    # replicas compared every update
+    train_many(tmp_path, 2, {compress: ["--topology", "ring", "--compress", compress,
+                                        "--checksum-every", "1", "--total-steps", "3000"]
+                             for compress in ("none", "bf16")}, timeout_s=600)
     sent = {}
     for compress in ("none", "bf16"):
-        train(tmp_path, 2, "--topology", "ring", "--compress", compress, "--checksum-every",
-              "1", "--total-steps", "3000", name=compress)   # replicas compared every update
         run = load_run(tmp_path / compress)
         later = run.updates[run.updates["update"] > 1]        # past the start's bcast row
         sent[compress] = later["bytes_sent"].sum() / len(later)
