@@ -120,6 +120,8 @@ exec ip netns exec "{spec.name}-$host" unshare --uts -- \\
 #: how long :func:`claimed` waits for another process's claim by default (a test module's
 #: or a benchmark's whole cluster life)
 CLAIM_WAIT_S = 3600.0
+#: the names this process holds (a second claim of one of them would wait on itself)
+_HELD: set[str] = set()
 
 
 def claim_path(name: str) -> Path:
@@ -136,31 +138,41 @@ def claimed(name: str, wait_s: float = CLAIM_WAIT_S):
     under its running jobs.  The kernel drops the lock when the holder ends, even by
     SIGKILL.  Says once on stderr whom it waits for; past ``wait_s``, ClusterError naming
     the holder.  ``python -m mpirl.cluster down`` typed by hand does not ask: a user
-    may always take a cluster down."""
+    may always take a cluster down.  A second claim of a name this process holds is
+    refused at once (it would wait on itself)."""
     path = claim_path(name)
+    if name in _HELD:
+        raise ClusterError(f"cluster {name!r} is already claimed by this process "
+                           f"(pid {os.getpid()}); claim each name once")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline, said = time.monotonic() + wait_s, False
+        deadline, said = time.monotonic() + wait_s, ""
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                # the holder writes its pid just after it locks: an empty read is a new
+                # holder not yet written, and a changed one is said again
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
                 if time.monotonic() >= deadline:
                     raise ClusterError(
-                        f"cluster {name!r} is claimed by pid {holder} (a test session or "
-                        f"benchmark using it; lock {path}); waited {wait_s:.0f} s; wait for "
-                        "it to end or use another --name") from None
-                if not said:
+                        f"cluster {name!r} is claimed by pid {holder or '?'} (a test "
+                        f"session or benchmark using it; lock {path}); waited {wait_s:.0f} "
+                        "s; wait for it to end or use another --name") from None
+                if holder and holder != said:
                     print(f"mpirl.cluster: cluster {name!r} is claimed by pid {holder}; "
                           "waiting for it to end", file=sys.stderr, flush=True)
-                    said = True
+                    said = holder
                 time.sleep(0.5)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        _HELD.add(name)
+        try:
+            yield
+        finally:
+            _HELD.discard(name)
     finally:
         os.close(fd)          # releases the lock
 

@@ -64,6 +64,15 @@ def test_a_claimed_name_makes_the_next_user_wait_and_name_the_holder(state_root,
         proc.wait()
 
 
+def test_a_second_claim_in_the_holding_process_is_refused_at_once(state_root):
+    with lifecycle.claimed(NAME, wait_s=0):
+        with pytest.raises(ClusterError, match="already claimed by this process"):
+            with lifecycle.claimed(NAME, wait_s=3600):
+                pass
+    with lifecycle.claimed(NAME, wait_s=0):       # and the name is free again after
+        pass
+
+
 def test_a_killed_holder_leaves_no_claim(state_root):
     proc = holder(state_root)
     proc.send_signal(signal.SIGKILL)

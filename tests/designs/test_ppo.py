@@ -52,9 +52,10 @@ def test_killed_ppo_run_resumes_to_the_same_parameters(tmp_path):
     killed = run_mpi(2, ["-m", "mpirl.run", *run, "--run-name", "cut", "--fail", "1@60"],
                      timeout_s=180, check=False)
     assert killed.returncode != 0
-    # the uninterrupted run and the resume in one launch (tests/mpi/runs.py)
-    run_mpi(2, ["tests/mpi/runs.py", json.dumps([[*run, "--run-name", "full"],
-                                                 ["--resume", str(tmp_path / "cut")]])],
+    # the resume and the uninterrupted run in one launch (tests/mpi/runs.py), the resume
+    # first: it starts in fresh processes, as a user's resume does
+    run_mpi(2, ["tests/mpi/runs.py", json.dumps([["--resume", str(tmp_path / "cut")],
+                                                 [*run, "--run-name", "full"]])],
             timeout_s=300)
     full, cut = (json.loads((tmp_path / name / "summary.json").read_text())
                  for name in ("full", "cut"))

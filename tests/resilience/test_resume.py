@@ -38,10 +38,11 @@ def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
     killed = run_mpi(3, ["-m", "mpirl.run", *RUN, "--run-dir", str(tmp_path), "--run-name",
                          "cut", "--fail", "1@37"], timeout_s=180, check=False)
     assert killed.returncode != 0 and not (tmp_path / "cut" / "summary.json").exists()
-    # the uninterrupted run and the resume in one launch (tests/mpi/runs.py)
+    # the resume and the uninterrupted run in one launch (tests/mpi/runs.py), the resume
+    # first: it starts in fresh processes, as a user's resume does
     both = run_mpi(3, ["tests/mpi/runs.py", json.dumps([
-        [*RUN, "--run-dir", str(tmp_path), "--run-name", "full"],
-        ["--resume", str(tmp_path / "cut")]])], timeout_s=300)
+        ["--resume", str(tmp_path / "cut")],
+        [*RUN, "--run-dir", str(tmp_path), "--run-name", "full"]])], timeout_s=300)
     assert "injected failure" not in both.output       # --fail is not carried over
     full, cut = summary(tmp_path / "full"), summary(tmp_path / "cut")
     assert cut["param_digest"] == full["param_digest"]     # bit-identical continuation

@@ -36,7 +36,7 @@ def slurm():
 
 #: the states a job (or an array's task) ends in
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-         "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
 
 
 def sbatch_and_wait(args: list[str], run_dir, timeout_s: float = 300) -> str:
@@ -55,6 +55,7 @@ def sbatch_and_wait(args: list[str], run_dir, timeout_s: float = 300) -> str:
     while True:
         show = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True,
                               text=True, timeout=30)
+        assert show.returncode == 0, f"scontrol show job {job}: {show.stderr.strip()}"
         states = re.findall(r"\bJobState=(\S+)", show.stdout)
         if states and ENDED.issuperset(states):
             break
