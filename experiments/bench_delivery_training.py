@@ -120,7 +120,7 @@ def write(out: Path, results: dict, args) -> None:
 
     first = results[RATES[0]]["push"][0]
     trials = len(results[RATES[0]]["push"])
-    _, actors, suffix, ways = MODES[args.mode]
+    _, actors, suffix, _ = MODES[args.mode]
     if args.mode == "impala":
         setup = (f"the learner and {actors} actors. impala", "2 envs x 64 steps per unroll, "
                  "parameters refreshed after every update; `push`: every unroll's reply "
@@ -148,7 +148,7 @@ def write(out: Path, results: dict, args) -> None:
     for rate, by_way in results.items():
         med = {way: {k: float(np.median([t[k] for t in runs])) for k in runs[0]}
                for way, runs in by_way.items()}
-        for way in ways:
+        for way in by_way:          # as measured (an older table has fewer ways)
             m = med[way]
             lines.append(f"| {rate} | {way} | {m['steps_per_s']:.0f} | "
                          f"{m['updates_per_s']:.2f} | {m['actor_env_share']:.0%} | "

@@ -87,14 +87,23 @@ def run_args(tmp_path: Path, name: str, args) -> list[str]:
     return [*SMALL, *args, "--run-dir", str(tmp_path), "--run-name", name]
 
 
-def train_many(tmp_path: Path, nranks: int, runs: dict[str, list[str]],
-               timeout_s: float = 300, env: dict | None = None) -> dict[str, dict]:
-    """Like :func:`train`, for several runs (name -> args) in one mpiexec launch, one after
-    another in the same processes (tests/mpi/runs.py); returns each run's summary."""
+def launch_runs(nranks: int, argvs: list[list[str]], timeout_s: float = 300,
+                env: dict | None = None):
+    """Several ``mpirl.run`` runs (each its full argument list) one after another in one
+    mpiexec launch, in the same processes (tests/mpi/runs.py: a launch costs a torch
+    import per rank); returns the finished job."""
     from mpirun import run_mpi
 
-    argvs = [run_args(tmp_path, name, args) for name, args in runs.items()]
-    run_mpi(nranks, ["tests/mpi/runs.py", json.dumps(argvs)], timeout_s=timeout_s, env=env)
+    return run_mpi(nranks, ["tests/mpi/runs.py", json.dumps(argvs)], timeout_s=timeout_s,
+                   env=env)
+
+
+def train_many(tmp_path: Path, nranks: int, runs: dict[str, list[str]],
+               timeout_s: float = 300, env: dict | None = None) -> dict[str, dict]:
+    """Like :func:`train`, for several runs (name -> args) in one launch
+    (:func:`launch_runs`); returns each run's summary."""
+    launch_runs(nranks, [run_args(tmp_path, name, args) for name, args in runs.items()],
+                timeout_s, env)
     return {name: json.loads((tmp_path / name / "summary.json").read_text()) for name in runs}
 
 

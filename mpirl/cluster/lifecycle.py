@@ -18,7 +18,6 @@ from . import slurm
 from .net import (DEFAULT_SUBNET, Cluster, ClusterError, check_name, check_rate, in_ns,
                   kill_namespace, link_bytes, link_state, load, namespaces, off_marker, pids_in,
                   save, set_rate, sh, spell_rate, state_dir)
-from . import net
 
 MAX_NODES = 64
 
@@ -127,7 +126,7 @@ _HELD: set[str] = set()
 def claim_path(name: str) -> Path:
     """The lock file of cluster ``name``: beside its state directory, which ``down``
     removes, so the lock outlives the cluster it guards."""
-    return net.STATE_ROOT / f"{check_name(name)}-cluster.lock"
+    return state_dir(check_name(name)).with_suffix(".lock")
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import torch
 
-from conftest import train
+from conftest import launch_runs, train
 from mpirun import run_mpi
 
 #: CleanRL's options on Pendulum, small: 2 envs x 8 steps per rank and rollout
@@ -54,9 +54,7 @@ def test_killed_ppo_run_resumes_to_the_same_parameters(tmp_path):
     assert killed.returncode != 0
     # the resume and the uninterrupted run in one launch (tests/mpi/runs.py), the resume
     # first: it starts in fresh processes, as a user's resume does
-    run_mpi(2, ["tests/mpi/runs.py", json.dumps([["--resume", str(tmp_path / "cut")],
-                                                 [*run, "--run-name", "full"]])],
-            timeout_s=300)
+    launch_runs(2, [["--resume", str(tmp_path / "cut")], [*run, "--run-name", "full"]])
     full, cut = (json.loads((tmp_path / name / "summary.json").read_text())
                  for name in ("full", "cut"))
     assert cut["param_digest"] == full["param_digest"] and cut["updates"] == full["updates"]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import BATCH
+from conftest import BATCH, launch_runs
 from mpirl.config import Config
 from mpirl.resilience import checkpoint
 from mpirl.resilience.sentinel import read_status, status_dir
@@ -40,9 +40,8 @@ def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
     assert killed.returncode != 0 and not (tmp_path / "cut" / "summary.json").exists()
     # the resume and the uninterrupted run in one launch (tests/mpi/runs.py), the resume
     # first: it starts in fresh processes, as a user's resume does
-    both = run_mpi(3, ["tests/mpi/runs.py", json.dumps([
-        ["--resume", str(tmp_path / "cut")],
-        [*RUN, "--run-dir", str(tmp_path), "--run-name", "full"]])], timeout_s=300)
+    both = launch_runs(3, [["--resume", str(tmp_path / "cut")],
+                           [*RUN, "--run-dir", str(tmp_path), "--run-name", "full"]])
     assert "injected failure" not in both.output       # --fail is not carried over
     full, cut = summary(tmp_path / "full"), summary(tmp_path / "cut")
     assert cut["param_digest"] == full["param_digest"]     # bit-identical continuation

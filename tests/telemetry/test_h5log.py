@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import BATCH
+from conftest import BATCH, launch_runs
 from mpirl.telemetry.read import open_run, read_h5
 from mpirl.telemetry.schema import PHASES, UPDATE_DTYPE
-from mpirun import run_mpi, start_mpi
+from mpirun import start_mpi
 
 #: BATCH, the log flushed every 7 updates (whole flushes are what a killed run keeps)
 LOGGED = [*BATCH, "--log-flush-every", "7"]
@@ -35,7 +35,7 @@ def three(tmp_path_factory):
     where = tmp_path_factory.mktemp("three")
     argvs = [[*LOGGED, *args, "--run-dir", str(where), "--run-name", name]
              for name, args in THREE.items()]
-    run_mpi(3, ["tests/mpi/runs.py", json.dumps(argvs)], timeout_s=600)
+    launch_runs(3, argvs, timeout_s=600)
     return {name: (where / name, json.loads((where / name / "summary.json").read_text()))
             for name in THREE}
 
