@@ -3,6 +3,7 @@ topology (``--param-delivery broadcast``), learner + 7 actors on the emulated cl
 
     python experiments/bench_delivery.py                 # ~5 min on 2 cores, as root
     python experiments/bench_delivery.py --layout 4x2 2x4   # nodes of several ranks
+    python experiments/bench_delivery.py --layout 4x2:cyclic 2x4:cyclic
 
 On its own emulated cluster (``mpirldeliv``, 8 nodes x 1 rank by default, taken down at
 the end, also on error) rank 0 is the learner and ranks 1-7 its actors.  Per trial the
@@ -21,8 +22,11 @@ learner delivers ``--mib`` MiB of float32 parameters to every actor, one way at 
 
 ``--layout NODESxPER`` places the 8 ranks on NODES nodes of PER ranks, in blocks (ranks
 0..PER-1 on the first node, as ``mpirl.cluster.launch`` places them): the learner shares
-its node with PER - 1 actors.  Each layout has its own cluster and its own table
-(``results.md`` for 8x1, ``results-NxP.md`` for the others).
+its node with PER - 1 actors.  ``NODESxPER:cyclic`` numbers the same processes round
+robin over the nodes instead (rank r on node r mod NODES: a ``Split`` of the world with
+that order), so that neighbours in rank order sit on different nodes, as a flat ring or
+tree sees them under a scheduler's cyclic distribution.  Each layout has its own
+cluster and its own table (``results.md`` for 8x1, ``results-NxP[-cyclic].md`` else).
 
 Delivery time: from the learner's start to the moment the last actor holds the copy
 (every node is a namespace of this one machine: one clock).  The ways take turns trial
@@ -34,6 +38,8 @@ delivery.  Writes ``results.md`` and ``results.json`` under ``--out``.
 from __future__ import annotations
 
 import argparse
+import collections
+import itertools
 import json
 import sys
 import time
@@ -77,22 +83,31 @@ def deliver(comm, way: str, end, params, held) -> tuple[float, int]:
     return end.last_times[1], 0
 
 
-def layout(text: str) -> tuple[int, int]:
-    """``NODESxPER`` as (nodes, ranks per node): NODES x PER = 8, NODES >= 2."""
-    nodes, _, per = text.partition("x")
+def layout(text: str) -> tuple[int, int, str]:
+    """``NODESxPER[:cyclic]`` as (nodes, ranks per node, placement): NODES x PER = 8,
+    NODES >= 2, cyclic only with PER > 1."""
+    shape, _, placement = text.partition(":")
+    nodes, _, per = shape.partition("x")
     if not (nodes.isdigit() and per.isdigit() and int(nodes) >= 2
-            and int(nodes) * int(per) == RANKS):
-        print(f"bench_delivery: --layout {text!r}: want NODESxPER with NODES x PER = "
-              f"{RANKS} and NODES >= 2 (8x1, 4x2, 2x4)", file=sys.stderr)
+            and int(nodes) * int(per) == RANKS and placement in ("", "cyclic")
+            and not (placement and int(per) == 1)):
+        print(f"bench_delivery: --layout {text!r}: want NODESxPER[:cyclic] with NODES x "
+              f"PER = {RANKS}, NODES >= 2, cyclic only with PER > 1 (8x1, 4x2, 2x4, "
+              "4x2:cyclic, 2x4:cyclic)", file=sys.stderr)
         raise SystemExit(2)
-    return int(nodes), int(per)
+    return int(nodes), int(per), placement or "block"
+
+
+def node_of(nodes: int, per: int, placement: str) -> list[int]:
+    """Each rank's node (of the communicator the ways run over)."""
+    return [r // per if placement == "block" else r % nodes for r in range(nodes * per)]
 
 
 def ways_of(per: int) -> list[str]:
     return WAYS + (TWO_LEVEL if per > 1 else [])
 
 
-def worker(trials: int, mib: float, ways: list[str]) -> None:
+def worker(trials: int, mib: float, shape: tuple[int, int, str]) -> None:
     """One rank's part (under mpiexec): rank 0 prints one JSON line."""
     from mpirl.launch import apply_mpi_defaults
 
@@ -102,7 +117,11 @@ def worker(trials: int, mib: float, ways: list[str]) -> None:
 
     from mpirl.kit.delivery import Publisher, Subscriber
 
-    comm = MPI.COMM_WORLD
+    nodes, per, placement = shape
+    ways, world = ways_of(per), MPI.COMM_WORLD
+    # mpiexec places the world in blocks; cyclic renumbers it round robin over the nodes
+    w = world.Get_rank()
+    comm = world if placement == "block" else world.Split(0, (w % per) * nodes + w // per)
     rank = comm.Get_rank()
     n = int(mib * 2 ** 20) // 4
     params = np.random.default_rng(0).standard_normal(n).astype(np.float32)
@@ -149,7 +168,7 @@ def main() -> int:
     layouts = {text: layout(text) for text in args.layout}      # checked before anything
     out = (ROOT / args.out).resolve()
     if args.worker:
-        worker(args.trials, args.mib[0], ways_of(layouts[args.layout[0]][1]))
+        worker(args.trials, args.mib[0], layouts[args.layout[0]])
         return 0
     if args.rewrite:
         for text, shape in layouts.items():
@@ -160,7 +179,7 @@ def main() -> int:
     from mpirl.cluster.launch import json_job
 
     out.mkdir(parents=True, exist_ok=True)
-    for text, (nodes, per) in layouts.items():
+    for text, (nodes, per, placement) in layouts.items():
         results = {}
         with lifecycle.owned(NAME, nodes, SUBNET) as spec:
             for rate in RATES:
@@ -173,36 +192,72 @@ def main() -> int:
                         f"bench_delivery: the {text} {key} job", timeout_s=1200)
                     print(text, key, results[key]["median_s"], flush=True)
         (out / f"{stem(text)}.json").write_text(json.dumps(results, indent=1))
-        write(out, results, args.trials, text, (nodes, per))
+        write(out, results, args.trials, text, (nodes, per, placement))
     return 0
 
 
 def stem(text: str) -> str:
-    """The files of a layout's table: results.md/json for 8x1, results-NxP for others."""
-    return "results" if text == "8x1" else f"results-{text}"
+    """The files of a layout's table: results.md/json for 8x1, results-NxP for others
+    (results-NxP-cyclic for a cyclic one)."""
+    return "results" if text == "8x1" else "results-" + text.replace(":", "-")
 
 
-def predicted(rate: str, nbytes: int, nodes: int, per: int) -> dict[str, float]:
+def link_hops(node: list[int]) -> int:
+    """How many hops of the chain 0 -> 1 -> ... -> p - 1 cross the link."""
+    return sum(a != b for a, b in itertools.pairwise(node))
+
+
+def ring_copies(node: list[int]) -> int:
+    """The most copies of the parameters one node's link sends in the chain: one for
+    each of its ranks whose successor sits on another node (the node's ranks share it)."""
+    out = collections.Counter(a for a, b in itertools.pairwise(node) if a != b)
+    return max(out.values(), default=0)
+
+
+def tree_copies(node: list[int]) -> int:
+    """The binomial broadcast from rank 0 (topologies.tree) taken round by round, masks
+    largest first (rank r, a multiple of 2 x mask, sends to r + mask): per round the most
+    copies one node's link sends, summed over the rounds."""
+    p, total, mask = len(node), 0, 1 << (len(node) - 1).bit_length()
+    while (mask := mask >> 1) > 0:
+        out = collections.Counter(node[r] for r in range(0, p - mask, 2 * mask)
+                                  if node[r] != node[r + mask])
+        total += max(out.values(), default=0)
+    return total
+
+
+def predicted(rate: str, nbytes: int, shape: tuple[int, int, str]) -> dict[str, float]:
     """Seconds of each way's slowest path over the links at ``rate`` (bandwidth terms
-    only; shared memory inside a node taken as free).  With ranks placed in blocks a
-    flat ring's chain crosses the link ``nodes - 1`` times and a flat binomial tree
-    sends ``ceil(lg nodes)`` copies over the learner's link, as their two-level
-    counterparts do."""
+    only; shared memory inside a node taken as free; a node's ranks share its link): the
+    push's copies to actors on other nodes; the chain's :func:`ring_copies` whole, then
+    one segment per further hop over the link; the tree's :func:`tree_copies`; the
+    two-level ways their inner way over the node leaders (one per node)."""
+    nodes, per, placement = shape
+    node, leaders = node_of(nodes, per, placement), list(range(nodes))
     per_s = float(rate.removesuffix("mbit").removesuffix("gbit")) * (
         1e9 if rate.endswith("gbit") else 1e6) / 8
     segment = min(nbytes, 256 * 1024)
-    remote = (nodes - 1) * per                       # actors on another node than the learner
-    ring = (nbytes + (nodes - 2) * segment) / per_s
-    tree = (nodes - 1).bit_length() * nbytes / per_s
-    return {"push": remote * nbytes / per_s, "star": remote * nbytes / per_s,
-            "ring": ring, "tree": tree, "hierarchical:ring": ring, "hierarchical:tree": tree}
+
+    def chain(node: list[int]) -> float:
+        return (ring_copies(node) * nbytes + (link_hops(node) - 1) * segment) / per_s
+
+    push = sum(n != node[0] for n in node[1:]) * nbytes / per_s    # actors on other nodes
+    return {"push": push, "star": push, "ring": chain(node),
+            "tree": tree_copies(node) * nbytes / per_s,
+            "hierarchical:ring": chain(leaders),
+            "hierarchical:tree": tree_copies(leaders) * nbytes / per_s}
 
 
-def write(out: Path, results: dict, trials: int, text: str, shape: tuple[int, int]) -> None:
-    nodes, per = shape
+def write(out: Path, results: dict, trials: int, text: str,
+          shape: tuple[int, int, str]) -> None:
+    nodes, per, placement = shape
     ways = ways_of(per)
-    where = ("" if per == 1 else f", ranks in blocks: the learner shares its node with "
-             f"{per - 1} actor{'s' if per > 2 else ''}")
+    where = ("" if per == 1 else
+             f", ranks in blocks: the learner shares its node with "
+             f"{per - 1} actor{'s' if per > 2 else ''}" if placement == "block" else
+             f", ranks round robin over the nodes (rank r on node r mod {nodes}): the "
+             f"learner shares its node with actor{'s' if per > 2 else ''} "
+             + ", ".join(str(r) for r in range(nodes, RANKS, nodes)))
     lines = ["# Parameter delivery: per-actor push against one broadcast "
              "(experiments/bench_delivery.py)", "",
              f"Emulated cluster, {nodes} nodes x {per} rank{'s' if per > 1 else ''}: the "
@@ -217,19 +272,26 @@ def write(out: Path, results: dict, trials: int, text: str, shape: tuple[int, in
         cells = [f"{r['median_s'][w] * 1e3:.0f} ms ({r['median_s'][w] / push:.2f})"
                  for w in ways]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
-        model = predicted(key.split(",")[0], r["n"] * 4, nodes, per)
+        model = predicted(key.split(",")[0], r["n"] * 4, shape)
         lines.append("| model | " + " | ".join(
             f"{model[w] * 1e3:.0f} ms" if w in model else "" for w in ways) + " |")
     first = next(iter(results.values()))
     copies = ("p - 1 copies out of the learner's link" if per == 1 else
               "one copy per actor on another node out of the learner's link")
-    hops = ("per further hop" if per == 1 else
-            "per further link hop (the chain crosses the link nodes - 1 times)")
-    lg = "ceil(lg p)" if per == 1 else "ceil(lg nodes)"
-    two = "" if per == 1 else "; the two-level ways: their inner way over the nodes"
+    node = node_of(*shape)
+    ring = ("n, then one 256 KiB segment per further hop" if per == 1 else
+            f"the most copies of n one node's link sends ({ring_copies(node)} here: one "
+            "per rank of it whose successor is on another node), then one 256 KiB segment "
+            f"per further hop over the link ({link_hops(node)} of the chain's {RANKS - 1} "
+            "hops here)")
+    tree = ("ceil(lg p) copies from the learner" if per == 1 else
+            "round by round, the most copies one node's link sends in that round, summed "
+            f"({tree_copies(node)} here)")
+    two = ("" if per == 1 else "; the two-level ways: their inner way over the node "
+           "leaders")
     lines += ["", f"Model: the bytes on the slowest path over the link's rate (push and star: "
-              f"{copies}; ring: n, then one 256 KiB segment {hops}; tree: {lg} copies from "
-              f"the learner{two}); no latency terms"
+              f"{copies}; ring: {ring}; tree: {tree}{two}); no "
+              "latency terms"
               + ("." if per == 1 else ", shared memory taken as free."),
               "", "Learner link per delivery, MiB (" + ", ".join(
         f"{w} {first['learner_bytes'][w] / 2 ** 20:.2f}" for w in ways)
