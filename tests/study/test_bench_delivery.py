@@ -1,0 +1,63 @@
+"""experiments/bench_delivery.py's link model and its --layout check, in one process.
+
+The model is what its tables print beside each measured delivery; its counts are
+checked here against the schedules worked out by hand for each layout the tables hold
+(docs/figures/delivery/results*.md), and a bad ``--layout`` stops it at start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mpirun import ROOT
+
+sys.path.insert(0, str(ROOT / "experiments"))
+import bench_delivery as bench  # noqa: E402
+
+
+@pytest.mark.parametrize("text, nodes, hops, ring, tree", [
+    # 8 x 1: every hop crosses; the learner's binomial sends 4, 2, 1 each cross
+    ("8x1", [0, 1, 2, 3, 4, 5, 6, 7], 7, 1, 3),
+    # blocks: the chain crosses between nodes only; the tree's mask-1 round stays inside
+    ("4x2", [0, 0, 1, 1, 2, 2, 3, 3], 3, 1, 2),
+    ("2x4", [0, 0, 0, 0, 1, 1, 1, 1], 1, 1, 1),
+    # round robin: every hop crosses, and a node's ranks share its link: node 0 sends
+    # 0 -> 1 and 4 -> 5 at 4 x 2, 0 -> 1, 2 -> 3, 4 -> 5 and 6 -> 7 at 2 x 4
+    ("4x2:cyclic", [0, 1, 2, 3, 0, 1, 2, 3], 7, 2, 4),
+    ("2x4:cyclic", [0, 1, 0, 1, 0, 1, 0, 1], 7, 4, 4),
+])
+def test_link_counts(text, nodes, hops, ring, tree):
+    node = bench.node_of(*bench.layout(text))
+    assert node == nodes
+    assert (bench.link_hops(node), bench.ring_copies(node), bench.tree_copies(node)) == \
+        (hops, ring, tree)
+
+
+def test_model_seconds_at_100_mbit():
+    mib4 = 4 * 2 ** 20
+    rate = 100e6 / 8
+    flat = bench.predicted("100mbit", mib4, bench.layout("8x1"))
+    # the 8 x 1 table's model: push 7 copies, ring n + 6 segments, tree 3 copies
+    assert flat["push"] == pytest.approx(7 * mib4 / rate)
+    assert flat["ring"] == pytest.approx((mib4 + 6 * 2 ** 18) / rate)
+    assert flat["tree"] == pytest.approx(3 * mib4 / rate)
+    cyclic = bench.predicted("100mbit", mib4, bench.layout("4x2:cyclic"))
+    blocks = bench.predicted("100mbit", mib4, bench.layout("4x2"))
+    # the two-level ways run over the 4 leaders, the same whatever the numbering
+    for way in bench.TWO_LEVEL:
+        assert cyclic[way] == blocks[way]
+    assert blocks["hierarchical:ring"] == blocks["ring"]
+    assert cyclic["ring"] == pytest.approx((2 * mib4 + 6 * 2 ** 18) / rate)
+    assert cyclic["push"] == blocks["push"] == pytest.approx(6 * mib4 / rate)
+
+
+@pytest.mark.parametrize("text", ["3x3", "1x8", "8x1:cyclic", "4x2:blocks", "x8"])
+def test_a_bad_layout_is_one_line_and_exit_2(text):
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_delivery.py"),
+                           "--rewrite", "--layout", text], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and text in lines[0] and "NODESxPER" in lines[0], done.stderr
