@@ -175,22 +175,17 @@ def main() -> int:
             write(out, json.loads((out / f"{stem(text)}.json").read_text()), args.trials,
                   text, shape)
         return 0
-    from mpirl.cluster import lifecycle, net
-    from mpirl.cluster.launch import json_job
+    from mpirl.cluster import lifecycle
+    from mpirl.cluster.launch import json_points
 
     out.mkdir(parents=True, exist_ok=True)
     for text, (nodes, per, placement) in layouts.items():
-        results = {}
+        points = {f"{mib:g} MiB": ["python", str(Path(__file__).resolve()), "--worker",
+                                   "--trials", str(args.trials), "--mib", str(mib),
+                                   "--layout", text] for mib in args.mib}
         with lifecycle.owned(NAME, nodes, SUBNET) as spec:
-            for rate in RATES:
-                net.set_rate(spec, rate)
-                for mib in args.mib:
-                    key = f"{rate}, {mib:g} MiB"
-                    results[key] = json_job(spec, RANKS, per, [
-                        "python", str(Path(__file__).resolve()), "--worker", "--trials",
-                        str(args.trials), "--mib", str(mib), "--layout", text],
-                        f"bench_delivery: the {text} {key} job", timeout_s=1200)
-                    print(text, key, results[key]["median_s"], flush=True)
+            results = json_points(spec, RATES, points, RANKS, per, f"bench_delivery {text}",
+                                  timeout_s=1200)
         (out / f"{stem(text)}.json").write_text(json.dumps(results, indent=1))
         write(out, results, args.trials, text, (nodes, per, placement))
     return 0

@@ -98,22 +98,17 @@ def main() -> int:
     if args.worker:
         worker(args.steps, args.batches[0], args.bucket_mb)
         return 0
-    from mpirl.cluster import lifecycle, net
-    from mpirl.cluster.launch import json_job
+    from mpirl.cluster import lifecycle
+    from mpirl.cluster.launch import json_points
 
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results = {}
+    points = {f"batch {batch}": ["python", str(Path(__file__).resolve()), "--worker",
+                                 "--steps", str(args.steps), "--batches", str(batch),
+                                 "--bucket-mb", str(args.bucket_mb)]
+              for batch in args.batches}
     with lifecycle.owned(NAME, NODES, SUBNET) as spec:
-        for rate in RATES:
-            net.set_rate(spec, rate)
-            for batch in args.batches:
-                key = f"{rate}, batch {batch}"
-                results[key] = json_job(spec, NODES, 1, [
-                    "python", str(Path(__file__).resolve()), "--worker", "--steps",
-                    str(args.steps), "--batches", str(batch), "--bucket-mb",
-                    str(args.bucket_mb)], f"bench_overlap: the {key} job", timeout_s=900)
-                print(key, results[key]["median"], flush=True)
+        results = json_points(spec, RATES, points, NODES, 1, "bench_overlap", timeout_s=900)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     write(out, results, args)
     return 0

@@ -141,6 +141,24 @@ def json_job(spec: Cluster, nranks: int, per_node: int | None, command: list[str
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def json_points(spec: Cluster, rates: list[str], points: dict[str, list[str]], nranks: int,
+                per_node: int | None, what: str, *, timeout_s: float) -> dict[str, dict]:
+    """A benchmark's grid: at each link rate of ``rates`` in turn (:func:`net.set_rate`),
+    each of ``points`` (name -> its worker's command) run by :func:`json_job`; the JSON
+    results keyed ``"RATE, NAME"`` in that order, each key printed as it lands."""
+    from .net import set_rate  # noqa: PLC0415
+
+    results = {}
+    for rate in rates:
+        set_rate(spec, rate)
+        for name, command in points.items():
+            key = f"{rate}, {name}"
+            results[key] = json_job(spec, nranks, per_node, command, f"{what}: the {key} job",
+                                    timeout_s=timeout_s)
+            print(f"{what}: {key} done", flush=True)
+    return results
+
+
 def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
         mpi: str = "mpich", ulfm: bool = False, timeout_s: float | None = None) -> int:
     """Run ``command`` across the cluster, in the foreground; its exit status (124 when
