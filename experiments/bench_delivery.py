@@ -163,7 +163,8 @@ def main() -> int:
                         help="NODESxPER, one table each (default 8x1)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rewrite", action="store_true",
-                        help="rewrite results.md from --out's results.json, running nothing")
+                        help="rewrite each --layout's table (results[-NxP[-cyclic]].md) "
+                             "from its JSON under --out, running nothing")
     args = parser.parse_args()
     layouts = {text: layout(text) for text in args.layout}      # checked before anything
     out = (ROOT / args.out).resolve()
@@ -258,7 +259,8 @@ def write(out: Path, results: dict, trials: int, text: str,
              f"Emulated cluster, {nodes} nodes x {per} rank{'s' if per > 1 else ''}: the "
              f"learner (rank 0) and 7 actors{where}. "
              "Time from the learner's start until the last actor holds the parameters, "
-             f"median of {trials} trials per way (the ways take turns); in brackets, "
+             f"median of {trials} trial{'s' if trials != 1 else ''} per way (the ways take "
+             "turns); in brackets, "
              "over the push's. Learner link: MiB the learner sent per delivery.", "",
              "| link, size | " + " | ".join(ways) + " |",
              "|---|" + "---|" * len(ways)]

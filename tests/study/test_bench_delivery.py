@@ -45,19 +45,23 @@ def test_model_seconds_at_100_mbit():
     assert flat["tree"] == pytest.approx(3 * mib4 / rate)
     cyclic = bench.predicted("100mbit", mib4, bench.layout("4x2:cyclic"))
     blocks = bench.predicted("100mbit", mib4, bench.layout("4x2"))
-    # the two-level ways run over the 4 leaders, the same whatever the numbering
-    for way in bench.TWO_LEVEL:
-        assert cyclic[way] == blocks[way]
-    assert blocks["hierarchical:ring"] == blocks["ring"]
+    # in blocks the flat ways cross the link as the two-level ones over 4 leaders do
+    assert blocks["ring"] == blocks["hierarchical:ring"] == \
+        pytest.approx((mib4 + 2 * 2 ** 18) / rate)
+    assert blocks["tree"] == blocks["hierarchical:tree"] == pytest.approx(2 * mib4 / rate)
     assert cyclic["ring"] == pytest.approx((2 * mib4 + 6 * 2 ** 18) / rate)
+    assert cyclic["tree"] == pytest.approx(4 * mib4 / rate)
     assert cyclic["push"] == blocks["push"] == pytest.approx(6 * mib4 / rate)
+    wide = bench.predicted("100mbit", mib4, bench.layout("2x4:cyclic"))
+    assert wide["ring"] == pytest.approx((4 * mib4 + 6 * 2 ** 18) / rate)
+    assert wide["hierarchical:tree"] == pytest.approx(mib4 / rate)
 
 
 @pytest.mark.parametrize("text", ["3x3", "1x8", "8x1:cyclic", "4x2:blocks", "x8"])
-def test_a_bad_layout_is_one_line_and_exit_2(text):
+def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, text):
     done = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_delivery.py"),
-                           "--rewrite", "--layout", text], capture_output=True, text=True,
-                          timeout=60)
+                           "--rewrite", "--out", str(tmp_path), "--layout", text],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and text in lines[0] and "NODESxPER" in lines[0], done.stderr
