@@ -272,29 +272,21 @@ def write(out: Path, results: dict, trials: int, text: str,
         model = predicted(key.split(",")[0], r["n"] * 4, shape)
         lines.append("| model | " + " | ".join(
             f"{model[w] * 1e3:.0f} ms" if w in model else "" for w in ways) + " |")
-    first = next(iter(results.values()))
-    copies = ("p - 1 copies out of the learner's link" if per == 1 else
-              "one copy per actor on another node out of the learner's link")
-    node = node_of(*shape)
-    ring = ("n, then one 256 KiB segment per further hop" if per == 1 else
-            f"the most copies of n one node's link sends ({ring_copies(node)} here: one "
-            "per rank of it whose successor is on another node), then one 256 KiB segment "
-            f"per further hop over the link ({link_hops(node)} of the chain's {RANKS - 1} "
-            "hops here)")
-    tree = ("ceil(lg p) copies from the learner" if per == 1 else
-            "round by round, the most copies one node's link sends in that round, summed "
-            f"({tree_copies(node)} here)")
-    two = ("" if per == 1 else "; the two-level ways: their inner way over the node "
-           "leaders")
-    lines += ["", f"Model: the bytes on the slowest path over the link's rate (push and star: "
-              f"{copies}; ring: {ring}; tree: {tree}{two}); no "
-              "latency terms"
-              + ("." if per == 1 else ", shared memory taken as free."),
+    first, node = next(iter(results.values())), node_of(*shape)
+    two = "; the two-level ways: their inner way over the node leaders" if per > 1 else ""
+    lines += ["", "Model: the bytes on the slowest path over the link's rate (push and star: "
+              "one copy per actor on another node out of the learner's link; ring: the most "
+              f"copies of n one node's link sends ({ring_copies(node)} here: one per rank of "
+              "it whose successor is on another node), then one 256 KiB segment per further "
+              f"hop over the link ({link_hops(node)} of the chain's {RANKS - 1} hops here); "
+              "tree: round by round, the most copies one node's link sends in that round, "
+              f"summed ({tree_copies(node)} here){two}); no latency terms, shared memory "
+              "taken as free.",
               "", "Learner link per delivery, MiB (" + ", ".join(
         f"{w} {first['learner_bytes'][w] / 2 ** 20:.2f}" for w in ways)
         + f"), at {first['n'] * 4 / 2 ** 20:g} MiB of parameters; native's is one "
-        "logical message (what MPI_Bcast sends is the library's own)"
-        + ("." if per == 1 else "; with node-mates, sends to them count too.")]
+        "logical message (what MPI_Bcast sends is the library's own); sends to the "
+        "learner's node-mates count too."]
     (out / f"{stem(text)}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -22,7 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .net import SLURM_DAEMONS, Cluster, ClusterError, rank_processes, pids_in, process_name
+from .net import (SLURM_DAEMONS, Cluster, ClusterError, pids_in, process_name, rank_processes,
+                  set_rate)
 
 #: MPICH's settings for the links (the user's own values win)
 MPICH_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
@@ -146,8 +147,6 @@ def json_points(spec: Cluster, rates: list[str], points: dict[str, list[str]], n
     """A benchmark's grid: at each link rate of ``rates`` in turn (:func:`net.set_rate`),
     each of ``points`` (name -> its worker's command) run by :func:`json_job`; the JSON
     results keyed ``"RATE, NAME"`` in that order, each key printed as it lands."""
-    from .net import set_rate  # noqa: PLC0415
-
     results = {}
     for rate in rates:
         set_rate(spec, rate)
