@@ -48,6 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mpirl.cluster.launch import node_of  # noqa: E402
+
 NAME = "mpirldeliv"
 SUBNET = "10.231.95.0/24"
 RANKS = 8
@@ -84,23 +86,16 @@ def deliver(comm, way: str, end, params, held) -> tuple[float, int]:
 
 
 def layout(text: str) -> tuple[int, int, str]:
-    """``NODESxPER[:cyclic]`` as (nodes, ranks per node, placement): NODES x PER = 8,
-    NODES >= 2, cyclic only with PER > 1."""
-    shape, _, placement = text.partition(":")
-    nodes, _, per = shape.partition("x")
-    if not (nodes.isdigit() and per.isdigit() and int(nodes) >= 2
-            and int(nodes) * int(per) == RANKS and placement in ("", "cyclic")
-            and not (placement and int(per) == 1)):
-        print(f"bench_delivery: --layout {text!r}: want NODESxPER[:cyclic] with NODES x "
-              f"PER = {RANKS}, NODES >= 2, cyclic only with PER > 1 (8x1, 4x2, 2x4, "
-              "4x2:cyclic, 2x4:cyclic)", file=sys.stderr)
-        raise SystemExit(2)
-    return int(nodes), int(per), placement or "block"
+    """``NODESxPER[:cyclic]`` as (nodes, ranks per node, placement) for the 8 ranks; a bad
+    one stops the script (one line, exit 2)."""
+    from mpirl.cluster.launch import layout as parse
+    from mpirl.cluster.net import ClusterError
 
-
-def node_of(nodes: int, per: int, placement: str) -> list[int]:
-    """Each rank's node (of the communicator the ways run over)."""
-    return [r // per if placement == "block" else r % nodes for r in range(nodes * per)]
+    try:
+        return parse(text, RANKS)
+    except ClusterError as err:
+        print(f"bench_delivery: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def ways_of(per: int) -> list[str]:

@@ -4,6 +4,7 @@
 
     python experiments/bench_delivery_training.py               # ~13 min on 2 cores, as root
     python experiments/bench_delivery_training.py --mode apex   # ~15 min
+    python experiments/bench_delivery_training.py --layout 4x2:cyclic   # ~20 min
 
 ``experiments/bench_delivery.py`` times one delivery alone; this script asks what the
 choice does to a training run.  On its own emulated cluster (``mpirldtrn``, 8 nodes x 1
@@ -26,6 +27,17 @@ starts a broadcast after every update unless one is still in flight
 tables go to ``training-apex.md`` and ``training-apex.json``, with a third way, ``ring-every-4``:
 the broadcast every 4th update (``--refresh-every 4``), about the push's cadence.
 
+``--layout NODESxPER[:cyclic]`` (default ``8x1``) runs the same 8 ranks on NODES nodes of
+PER ranks, numbered in blocks or round robin (``:cyclic``, as under a scheduler's cyclic
+distribution; ``python -m mpirl.cluster exec --placement cyclic``), and adds a way:
+
+* ``hierarchical:ring``: ``--param-delivery broadcast --topology hierarchical --inner
+  ring``: the learner's node leader chains the copy to the other nodes' leaders, each
+  leader hands it to its node's ranks through shared memory (nodes found by shared
+  memory, whatever the numbering).
+
+Its tables go to ``training[-apex]-NxP[-cyclic].md`` and ``.json``.
+
 The ways alternate (ABAB: the same conditions for both), ``--trials`` of each per link
 rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
 wall time, learner updates/s, the actors' env share (the rest is waiting on their sends
@@ -47,15 +59,36 @@ sys.path.insert(0, str(ROOT))
 
 NAME = "mpirldtrn"
 SUBNET = "10.231.93.0/24"
-NODES = 8
+RANKS = 8
 RATES = ["100mbit", "1gbit"]
 RING = ["--param-delivery", "broadcast", "--topology", "ring"]
 WAYS = {"push": [], "ring": RING}
 #: apex adds the broadcast at about the push's cadence: every 4th update
 APEX_WAYS = {**WAYS, "ring-every-4": [*RING, "--refresh-every", "4"]}
+#: on nodes of several ranks: the two-level broadcast, a ring among the node leaders
+TWO_LEVEL = {"hierarchical:ring": ["--param-delivery", "broadcast", "--topology",
+                                   "hierarchical", "--inner", "ring"]}
 #: per mode: the flags that pick it, its actors, the output files' suffix, its ways
-MODES = {"impala": (["--mode", "impala"], NODES - 1, "", WAYS),
-         "apex": (["--mode", "apex", "--replay-ranks", "1"], NODES - 2, "-apex", APEX_WAYS)}
+MODES = {"impala": (["--mode", "impala"], RANKS - 1, "", WAYS),
+         "apex": (["--mode", "apex", "--replay-ranks", "1"], RANKS - 2, "-apex", APEX_WAYS)}
+
+
+def layout(text: str) -> tuple[int, int, str]:
+    """``--layout`` as (nodes, ranks per node, order); a bad one stops the script (one
+    line, exit 2)."""
+    from mpirl.cluster.launch import layout as parse
+    from mpirl.cluster.net import ClusterError
+
+    try:
+        return parse(text, RANKS)
+    except ClusterError as err:
+        print(f"bench_delivery_training: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def stem(mode: str, text: str) -> str:
+    """A table's file name without its extension: training[-apex][-NxP[-cyclic]]."""
+    return "training" + MODES[mode][2] + ("" if text == "8x1" else "-" + text.replace(":", "-"))
 
 
 def run_args(mode: str, cost_ms: float, unrolls: int, run_dir: Path,
@@ -91,13 +124,18 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--unrolls", type=int, default=30, help="unrolls per actor")
     parser.add_argument("--cost-ms", type=float, default=3.0)
+    parser.add_argument("--layout", default="8x1",
+                        help="NODESxPER[:cyclic] for the 8 ranks (default 8x1; several ranks "
+                             "per node add the hierarchical:ring way)")
     parser.add_argument("--rewrite", action="store_true",
-                        help="rewrite training{,-apex}.md from --out's training{,-apex}.json, "
-                             "running nothing")
+                        help="rewrite the mode's and layout's table (.md) from its .json "
+                             "under --out, running nothing")
     args = parser.parse_args()
+    nodes, per, order = layout(args.layout)
     out = (ROOT / args.out).resolve()
-    _, actors, suffix, ways = MODES[args.mode]
-    table = out / f"training{suffix}.json"
+    _, actors, _, ways = MODES[args.mode]
+    ways = {**ways, **(TWO_LEVEL if per > 1 else {})}
+    table = out / f"{stem(args.mode, args.layout)}.json"
     if args.rewrite:
         write(out, json.loads(table.read_text()), args)
         return 0
@@ -105,10 +143,10 @@ def main() -> int:
 
     runs = out / "training-runs"
     out.mkdir(parents=True, exist_ok=True)
-    results = alternate((NAME, NODES, SUBNET), RATES, ways, args.trials, runs,
+    results = alternate((NAME, nodes, SUBNET), RATES, ways, args.trials, runs,
                         lambda runs, name: run_args(args.mode, args.cost_ms, args.unrolls,
                                                     runs, name),
-                        lambda run: measure(run, actors))
+                        lambda run: measure(run, actors), per_node=per, order=order)
     table.write_text(json.dumps(results, indent=1))
     write(out, results, args)
     shutil.rmtree(runs, ignore_errors=True)       # the table's numbers are in training.json
@@ -120,7 +158,8 @@ def write(out: Path, results: dict, args) -> None:
 
     first = results[RATES[0]]["push"][0]
     trials = len(results[RATES[0]]["push"])
-    _, actors, suffix, _ = MODES[args.mode]
+    actors = MODES[args.mode][1]
+    nodes, per, order = layout(args.layout)
     if args.mode == "impala":
         setup = (f"the learner and {actors} actors. impala", "2 envs x 64 steps per unroll, "
                  "parameters refreshed after every update; `push`: every unroll's reply "
@@ -136,14 +175,21 @@ def write(out: Path, results: dict, args) -> None:
                  "acted and the learner's, over the transitions trained on")
     lines = [f"# Parameter delivery in a training run: {args.mode}, push against broadcast "
              "(experiments/bench_delivery_training.py)", "",
-             f"Emulated cluster, {NODES} nodes x 1 rank: {setup[0]} with "
+             f"Emulated cluster, {nodes} nodes x {per} rank{'s' * (per > 1)}"
+             + {"block": "" if per == 1 else " (in blocks: ranks 0-"
+                f"{per - 1} on the learner's node)",
+                "cyclic": f" (round robin: rank r on node r mod {nodes}, the learner with "
+                f"actor{'s' * (per > 2)} {', '.join(map(str, range(nodes, RANKS, nodes)))} "
+                "on its node)"}[order]
+             + f": {setup[0]} with "
              f"{first['params']:,} float32 parameters "
              f"({first['params'] * 4 / 2**20:.2f} MiB per copy) on Delay-v0 at "
              f"{args.cost_ms:g} ms a step, {setup[1]}. The ways alternate, "
              f"{trials} run{'s' * (trials != 1)} of each per link; medians over runs. "
              "Ratio: each way's steps/s over push's.", "",
              "| link | way | env steps/s | learner updates/s | actors' env share | "
-             "policy lag | learner link MiB / update | steps/s over push's |",
+             f"policy lag | {'learner link MiB' if per == 1 else 'learner MiB sent'} / update "
+             "| steps/s over push's |",
              "|---|---|---|---|---|---|---|---|"]
     for rate, by_way in results.items():
         med = {way: {k: float(np.median([t[k] for t in runs])) for k in runs[0]}
@@ -157,7 +203,10 @@ def write(out: Path, results: dict, args) -> None:
     lines += ["", "Env steps/s, run by run: " + "; ".join(
         f"{rate} {way} " + " / ".join(f"{t['steps_per_s']:.0f}" for t in runs)
         for rate, by_way in results.items() for way, runs in by_way.items()) + "."]
-    (out / f"training{suffix}.md").write_text("\n".join(lines) + "\n")
+    if per > 1:
+        lines += ["", "Learner MiB sent: every byte rank 0 sent, to ranks on its own node "
+                  "(shared memory) as well as over its link."]
+    (out / f"{stem(args.mode, args.layout)}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

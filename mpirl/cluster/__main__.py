@@ -2,6 +2,7 @@
 
   python -m mpirl.cluster up --nodes 4 --rate 1gbit [--slurm]
   python -m mpirl.cluster exec -n 8 --ranks-per-node 2 -- python -m mpirl.run --topology star
+  python -m mpirl.cluster exec -n 8 --ranks-per-node 2 --placement cyclic -- ...  # round robin
   python -m mpirl.cluster login -- sbatch -N 2 --ntasks 4 experiments/slurm/run.sbatch
   python -m mpirl.cluster status
   python -m mpirl.cluster rate 100mbit          # change every link's cap, live
@@ -49,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("exec", help="run an MPI job across the nodes (mpiexec on the login node)")
     p.add_argument("-n", type=int, required=True, dest="nranks", help="ranks")
     p.add_argument("--ranks-per-node", type=int, default=None,
-                   help="ranks on each node, in blocks from node0 (default: spread evenly)")
+                   help="ranks on each node (default: spread evenly)")
+    p.add_argument("--placement", choices=launch.PLACEMENTS, default="block",
+                   help="block: ranks 0..M-1 on node0, M..2M-1 on node1...; cyclic: rank r "
+                        "on node r mod N, round robin over the N nodes used (default block)")
     p.add_argument("--mpi", choices=launch.MPIS, default="mpich",
                    help="mpich (this environment's) or openmpi (make ulfm-env's)")
     p.add_argument("--ulfm", action="store_true",
@@ -135,10 +139,13 @@ def cmd_exec(args) -> int:
         return _exec_elastic(args)
     return launch.run(net.load(args.name), args.nranks, args.ranks_per_node,
                       _command(args.cmd), mpi=args.mpi, ulfm=args.ulfm,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, order=args.placement)
 
 
 def _exec_elastic(args) -> int:
+    if args.placement != "block":
+        raise ClusterError(f"--elastic --placement {args.placement}: an elastic job is "
+                           "relaunched in blocks; allowed: --placement block")
     spec = net.load(args.name)
     per_node = args.ranks_per_node or -(-args.nranks // spec.nodes)
     if per_node < 1 or args.nranks < 1 or args.nranks % per_node:

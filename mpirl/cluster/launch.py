@@ -4,7 +4,9 @@
 own network, so the launcher must sit on the bridge too; and a compute node killed or cut
 off must not take the launcher with it) and starts one proxy per node through the
 cluster's launch agent (:func:`mpirl.cluster.lifecycle.write_agent`).
-Ranks are placed in blocks: ranks 0..M-1 on node0, M..2M-1 on node1, and so on.
+Ranks are placed in blocks (``--placement block``, the default: ranks 0..M-1 on node0,
+M..2M-1 on node1, and so on) or round robin (``cyclic``, Slurm's ``--distribution
+cyclic``: rank r on node r mod N, N the nodes used), M ranks on each node either way.
 
 MPICH (the project's default, from PyPI) is told to use its OFI netmod over TCP: its
 default UCX netmod uses shared memory even between namespaces, so no byte would cross a
@@ -34,6 +36,8 @@ OPENMPI_ARGS = ("--mca", "pml", "ob1", "--mca", "btl", "tcp,sm,self",
                 "--mca", "btl_tcp_if_include", "eth0", "--prtemca", "oob_tcp_if_include", "eth0",
                 "--mca", "mpi_yield_when_idle", "1")
 MPIS = ("mpich", "openmpi")
+#: how ranks are numbered over the nodes (Slurm's --distribution words)
+PLACEMENTS = ("block", "cyclic")
 
 
 def placement(spec: Cluster, nranks: int, per_node: int | None) -> tuple[list[str], int]:
@@ -50,6 +54,34 @@ def placement(spec: Cluster, nranks: int, per_node: int | None) -> tuple[list[st
                            f"cluster {spec.name!r} has {spec.nodes} (allowed: n <= "
                            f"{spec.nodes * per_node}, or more ranks per node)")
     return spec.hosts()[:used], per_node
+
+
+def ranks_on(index: int, nodes: int, per_node: int, nranks: int,
+             order: str = "block") -> list[int]:
+    """The ranks on the ``index``-th of the job's ``nodes`` nodes, placed by ``order``."""
+    if order == "cyclic":
+        return list(range(index, nranks, nodes))
+    return list(range(index * per_node, min(nranks, (index + 1) * per_node)))
+
+
+def node_of(nodes: int, per_node: int, order: str = "block") -> list[int]:
+    """Each rank's node (its index among the job's) for ``nodes`` x ``per_node`` ranks."""
+    return [r // per_node if order == "block" else r % nodes for r in range(nodes * per_node)]
+
+
+def layout(text: str, nranks: int) -> tuple[int, int, str]:
+    """A benchmark's ``--layout NODESxPER[:cyclic]`` as (nodes, ranks per node, order):
+    NODES x PER = ``nranks``, NODES >= 2, cyclic only with PER > 1."""
+    shape, colon, order = text.partition(":")
+    nodes, _, per = shape.partition("x")
+    if not (nodes.isdigit() and per.isdigit() and int(nodes) >= 2
+            and int(nodes) * int(per) == nranks and order == ("cyclic" if colon else "")
+            and not (order and int(per) == 1)):
+        shapes = [f"{nranks // k}x{k}" for k in range(1, nranks // 2 + 1) if nranks % k == 0]
+        raise ClusterError(f"--layout {text!r}: want NODESxPER[:cyclic] with NODES x PER = "
+                           f"{nranks}, NODES >= 2, cyclic only with PER > 1 ("
+                           + ", ".join([*shapes, *(f"{s}:cyclic" for s in shapes[1:])]) + ")")
+    return int(nodes), int(per), order or "block"
 
 
 def openmpi_venv() -> Path:
@@ -69,7 +101,8 @@ def on_login(spec: Cluster, argv: list[str]) -> list[str]:
             "sh", "-c", 'hostname "$0" && exec "$@"', "login", *argv]
 
 
-def job_env(spec: Cluster, mpi: str, hosts: list[str], per_node: int) -> dict:
+def job_env(spec: Cluster, mpi: str, hosts: list[str], per_node: int,
+            order: str = "block") -> dict:
     """The environment of a job on the cluster: MPI's settings for the links (where the
     user has not set them) and ``MPIRL_CLUSTER``, what run.h5 records of where it ran."""
     from ..launch import mpi_env  # noqa: PLC0415
@@ -79,19 +112,24 @@ def job_env(spec: Cluster, mpi: str, hosts: list[str], per_node: int) -> dict:
         for key, value in MPICH_ENV.items():
             env.setdefault(key, value)
     env["MPIRL_CLUSTER"] = json.dumps({**spec.describe(), "nodes": hosts,
-                                       "ranks_per_node": per_node, "mpi": mpi})
+                                       "ranks_per_node": per_node, "placement": order,
+                                       "mpi": mpi})
     return env
 
 
 def mpiexec_argv(spec: Cluster, nranks: int, per_node: int | None, command: list[str],
                  mpi: str = "mpich", ulfm: bool = False,
-                 hosts: list[str] | None = None) -> tuple[list[str], dict]:
-    """The command line (to run on the host: it enters the login node itself) and environment of
-    ``command`` on ``nranks`` ranks, on the first nodes or on ``hosts`` (an elastic
-    job's live ones).  A leading bare ``python`` in ``command`` becomes
-    the Python of the chosen MPI (this venv's for MPICH, the Open MPI venv's)."""
+                 hosts: list[str] | None = None,
+                 order: str = "block") -> tuple[list[str], dict]:
+    """The command line (to run on the host: it enters the login node itself) and
+    environment of ``command`` on ``nranks`` ranks, on the first nodes or on ``hosts`` (an
+    elastic job's live ones), numbered over them by ``order`` (:data:`PLACEMENTS`).  A
+    leading bare ``python`` in ``command`` becomes the Python of the chosen MPI (this
+    venv's for MPICH, the Open MPI venv's)."""
     if mpi not in MPIS:
         raise ClusterError(f"--mpi {mpi!r}; allowed: {', '.join(MPIS)}")
+    if order not in PLACEMENTS:
+        raise ClusterError(f"--placement {order!r}; allowed: {', '.join(PLACEMENTS)}")
     if not command:
         raise ClusterError("nothing to run: give the command after --, e.g. "
                            "-- python -m mpirl.run --topology star")
@@ -106,9 +144,11 @@ def mpiexec_argv(spec: Cluster, nranks: int, per_node: int | None, command: list
     if mpi == "mpich":
         from ..launch import mpiexec_path  # noqa: PLC0415
 
-        hostfile = spec.state_dir / f"hosts.{per_node}.{'-'.join(h[4:] for h in hosts)}"
-        hostfile.write_text("".join(f"{h}:{per_node}\n" for h in hosts))
-        argv = [mpiexec_path(), "-f", str(hostfile), "-ppn", str(per_node),
+        # cyclic: one slot per node, and Hydra wraps round the list until every rank has one
+        slots = 1 if order == "cyclic" else per_node
+        hostfile = spec.state_dir / f"hosts.{slots}.{'-'.join(h[4:] for h in hosts)}"
+        hostfile.write_text("".join(f"{h}:{slots}\n" for h in hosts))
+        argv = [mpiexec_path(), "-f", str(hostfile), "-ppn", str(slots),
                 "-launcher", "ssh", "-launcher-exec", agent,
                 "-localhost", spec.login_address, "-iface", "eth0", "-n", str(nranks), *command]
     else:
@@ -121,10 +161,11 @@ def mpiexec_argv(spec: Cluster, nranks: int, per_node: int | None, command: list
         root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
         argv = [str(mpiexec), *root, "--oversubscribe",
                 "--host", ",".join(f"{h}:{per_node}" for h in hosts),
-                "--map-by", f"ppr:{per_node}:node", "--prtemca", "plm_ssh_agent", agent,
+                "--map-by", "node" if order == "cyclic" else f"ppr:{per_node}:node",
+                "--prtemca", "plm_ssh_agent", agent,
                 *OPENMPI_ARGS, *(OPENMPI_ULFM_ARGS if ulfm else ()),
                 "-n", str(nranks), *command]
-    return on_login(spec, argv), job_env(spec, mpi, hosts, per_node)
+    return on_login(spec, argv), job_env(spec, mpi, hosts, per_node, order)
 
 
 def json_job(spec: Cluster, nranks: int, per_node: int | None, command: list[str],
@@ -159,10 +200,12 @@ def json_points(spec: Cluster, rates: list[str], points: dict[str, list[str]], n
 
 
 def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
-        mpi: str = "mpich", ulfm: bool = False, timeout_s: float | None = None) -> int:
-    """Run ``command`` across the cluster, in the foreground; its exit status (124 when
-    ``timeout_s`` passed first: the job is killed, node by node)."""
-    argv, env = mpiexec_argv(spec, nranks, per_node, command, mpi, ulfm)
+        mpi: str = "mpich", ulfm: bool = False, timeout_s: float | None = None,
+        order: str = "block") -> int:
+    """Run ``command`` across the cluster, in the foreground, its ranks placed by
+    ``order`` (:data:`PLACEMENTS`); its exit status (124 when ``timeout_s`` passed first:
+    the job is killed, node by node)."""
+    argv, env = mpiexec_argv(spec, nranks, per_node, command, mpi, ulfm, order=order)
     hosts, per_node = placement(spec, nranks, per_node)
     proc = subprocess.Popen(argv, env=env)
     watch = NodeWatch(spec, hosts)
@@ -179,7 +222,8 @@ def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
     finally:
         watch.stop()
     if code != 0:
-        for line in [*watch.died_first(per_node, nranks), *cut_off(spec, hosts, per_node, nranks)]:
+        for line in [*watch.died_first(per_node, nranks, order),
+                     *cut_off(spec, hosts, per_node, nranks, order)]:
             print(line, file=sys.stderr, flush=True)
     return code
 
@@ -240,7 +284,7 @@ class NodeWatch:
         self._thread.join(timeout=2)
         self._sample()
 
-    def died_first(self, per_node: int, nranks: int) -> list[str]:
+    def died_first(self, per_node: int, nranks: int, order: str = "block") -> list[str]:
         """Lines for the nodes whose ranks all ended while another node's still ran."""
         lines = []
         for i, host in enumerate(self.hosts):
@@ -248,7 +292,7 @@ class NodeWatch:
             others = [self._alive_at[h] for h in self.seen if h != host and h in self._alive_at]
             if gone is None or not others or max(others) < gone:
                 continue
-            ranks = list(range(i * per_node, min(nranks, (i + 1) * per_node)))
+            ranks = ranks_on(i, len(self.hosts), per_node, nranks, order)
             lines.append(f"mpirl.cluster: {host} (rank{'s' * (len(ranks) > 1)} "
                          f"{', '.join(map(str, ranks))}) died first: every rank there had "
                          f"ended while ranks on {', '.join(sorted(set(self.seen) - {host}))} "
@@ -256,7 +300,8 @@ class NodeWatch:
         return lines
 
 
-def cut_off(spec: Cluster, hosts: list[str], per_node: int, nranks: int) -> list[str]:
+def cut_off(spec: Cluster, hosts: list[str], per_node: int, nranks: int,
+            order: str = "block") -> list[str]:
     """One line per node of the job whose link is down now (what the launcher knows
     that no rank can tell: a rank blocked on a peer behind a cut link only sees silence)."""
     from .net import link_state  # noqa: PLC0415
@@ -265,7 +310,7 @@ def cut_off(spec: Cluster, hosts: list[str], per_node: int, nranks: int) -> list
     lines = []
     for i, host in enumerate(hosts):
         if links[host] == "down":
-            ranks = list(range(i * per_node, min(nranks, (i + 1) * per_node)))
+            ranks = ranks_on(i, len(hosts), per_node, nranks, order)
             lines.append(f"mpirl.cluster: {host} (rank{'s' * (len(ranks) > 1)} "
                          f"{', '.join(map(str, ranks))}) is cut off: its link is down")
     return lines

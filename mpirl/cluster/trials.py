@@ -15,11 +15,13 @@ from .launch import run as run_on
 
 def alternate(cluster: tuple[str, int, str], rates: list[str], ways: dict[str, list[str]],
               trials: int, runs: Path, argv: Callable[[Path, str], list[str]],
-              measure: Callable[[Path], dict], *, timeout_s: float = 900) -> dict:
+              measure: Callable[[Path], dict], *, timeout_s: float = 900,
+              per_node: int = 1, order: str = "block") -> dict:
     """``{rate: {way: [measure(run) per trial]}}``.  ``cluster`` is ``(name, nodes,
     subnet)``, brought up for these runs and taken down after (also on error); every
-    node runs one rank of ``argv(runs, name) + ways[way]``.  A run that does not exit 0
-    stops the whole with SystemExit, naming it."""
+    node runs ``per_node`` ranks of ``argv(runs, name) + ways[way]``, numbered over the
+    nodes by ``order`` (``block`` or ``cyclic``: :data:`mpirl.cluster.launch.PLACEMENTS`).
+    A run that does not exit 0 stops the whole with SystemExit, naming it."""
     name, nodes, subnet = cluster
     results: dict = {rate: {way: [] for way in ways} for rate in rates}
     with lifecycle.owned(name, nodes, subnet) as spec:
@@ -29,8 +31,8 @@ def alternate(cluster: tuple[str, int, str], rates: list[str], ways: dict[str, l
                 for way, flags in ways.items():
                     run = f"{rate}-{way}-{trial}"
                     shutil.rmtree(runs / run, ignore_errors=True)
-                    code = run_on(spec, nodes, 1, [*argv(runs, run), *flags],
-                                  timeout_s=timeout_s)
+                    code = run_on(spec, nodes * per_node, per_node,
+                                  [*argv(runs, run), *flags], timeout_s=timeout_s, order=order)
                     if code != 0:
                         raise SystemExit(f"{name}: run {run} exited {code}")
                     results[rate][way].append(measure(runs / run))

@@ -9,7 +9,8 @@ Layout of a run directory:
     ``oversubscribed`` (bool: ranks outnumbered cores on some node; timings suspect),
     ``scheduler_json`` (Slurm job id, name, nodes... when run under Slurm; else ``{}``),
     ``cluster_json`` (``ranks_on``: ranks per host; on an emulated cluster also its
-    ``name``, the job's ``nodes``, the link cap ``rate``, ``ranks_per_node``, ``mpi``),
+    ``name``, the job's ``nodes``, the link cap ``rate``, ``ranks_per_node``,
+    ``placement``, ``mpi``),
     ``start_unix_s``, ``end_unix_s`` (absent if the run did not finish),
     ``gradients_sent`` / ``gradients_applied`` / ``gradients_dropped`` (at the end),
     ``ranks_failed_json`` (launch ranks lost and survived, ``--on-failure shrink``).

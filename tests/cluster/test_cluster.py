@@ -96,6 +96,8 @@ def test_bad_input_is_one_line_and_changes_nothing(cluster):
              (["exec", "-n", "5", "--ranks-per-node", "2", "--", "true"],
               "needs 3 nodes; cluster 'mpirltest' has 2"),
              (["exec", "-n", "2"], "nothing to run"),
+             (["exec", "--elastic", "-n", "2", "--placement", "cyclic", "--", "true"],
+              "--elastic --placement cyclic: an elastic job is relaunched in blocks"),
              (["cut", "node7"], "no node 'node7'; allowed: node0, node1"),
              (["rate", "fast"], "--rate 'fast'; allowed"),
              (["--name", "Bad-Name", "status"], "--name 'Bad-Name'; allowed")]
@@ -143,15 +145,20 @@ def test_ranks_on_one_node_use_shared_memory(cluster, tmp_path):
 
 
 def test_hierarchical_sends_one_leaders_share_over_each_link(cluster, tmp_path):
-    """2 nodes x 2 ranks: the node's ranks reduce in shared memory and only the leaders
-    exchange, so each node's link carries one gradient per update (a ring over the two
-    leaders: n each way), where a flat ring over the 4 ranks carries 1.5 and a butterfly
-    2 (measured: 1.06, 1.59, 2.06; the rest is checksums and launcher traffic)."""
+    """2 nodes x 2 ranks, numbered round robin (``--placement cyclic``: ranks 0 and 2 on
+    node0): the node's ranks reduce in shared memory and only the leaders exchange, so
+    each node's link carries one gradient per update (a ring over the two leaders: n
+    each way), where a flat ring over the 4 ranks carries 1.5 and a butterfly 2
+    (measured in blocks: 1.06, 1.59, 2.06; the rest is checksums and launcher traffic).
+    The nodes are found by shared memory, so the numbering changes nothing."""
     before = net.link_bytes(cluster)
     job = cluster_job(tmp_path, 4, "--topology", "hierarchical", "--checksum-every", "2",
-                      extra=("--ranks-per-node", "2"))
+                      extra=("--ranks-per-node", "2", "--placement", "cyclic"))
     assert job.returncode == 0, job.tail()
     after = net.link_bytes(cluster)
+    with open_run(tmp_path / "r" / "run.h5") as f:
+        assert json.loads(f.attrs["hostnames_json"]) == ["node0", "node1", "node0", "node1"]
+        assert json.loads(f.attrs["cluster_json"])["placement"] == "cyclic"
     assert "hierarchical: 2 node(s) by shared memory, of 2, 2 ranks; the leaders " \
            "exchange with ring" in job.output, job.tail()
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())

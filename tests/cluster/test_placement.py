@@ -1,0 +1,40 @@
+"""Where the emulated cluster's launcher puts each rank (``--placement block|cyclic``)
+and the benchmarks' ``--layout``, in one process: no cluster needed.  The placement
+itself is checked on the cluster (test_cluster.py: hostnames of a cyclic job)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpirl.cluster.launch import layout, node_of, ranks_on
+from mpirl.cluster.net import ClusterError
+
+
+@pytest.mark.parametrize("order", ["block", "cyclic"])
+@pytest.mark.parametrize(("nodes", "per_node"), [(8, 1), (4, 2), (2, 4), (3, 2), (2, 3)])
+def test_ranks_on_a_node_and_each_ranks_node_agree(nodes, per_node, order):
+    nranks = nodes * per_node
+    where = node_of(nodes, per_node, order)
+    lists = [ranks_on(i, nodes, per_node, nranks, order) for i in range(nodes)]
+    assert sorted(r for ranks in lists for r in ranks) == list(range(nranks))
+    assert all(len(ranks) == per_node for ranks in lists)
+    assert all(where[r] == i for i, ranks in enumerate(lists) for r in ranks)
+
+
+def test_block_and_cyclic_number_as_slurm_does():
+    assert ranks_on(1, 4, 2, 8) == [2, 3] and ranks_on(1, 4, 2, 8, "cyclic") == [1, 5]
+    assert node_of(2, 4, "cyclic") == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert ranks_on(2, 3, 2, 5) == [4]            # a short last node, in blocks
+
+
+def test_layouts():
+    assert layout("8x1", 8) == (8, 1, "block")
+    assert layout("2x4:cyclic", 8) == (2, 4, "cyclic")
+
+
+@pytest.mark.parametrize("text", ["3x3", "1x8", "8x1:cyclic", "4x2:blocks", "x8", "4x2:"])
+def test_a_bad_layout_says_what_is_allowed(text):
+    with pytest.raises(ClusterError) as err:
+        layout(text, 8)
+    assert repr(text) in str(err.value) and "(8x1, 4x2, 2x4, 4x2:cyclic, 2x4:cyclic)" \
+        in str(err.value)
