@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpirl.cluster.launch import node_of  # noqa: E402
+from mpirl.cluster.launch import node_of, ranks_on  # noqa: E402
 
 NAME = "mpirldeliv"
 SUBNET = "10.231.95.0/24"
@@ -114,9 +114,12 @@ def worker(trials: int, mib: float, shape: tuple[int, int, str]) -> None:
 
     nodes, per, placement = shape
     ways, world = ways_of(per), MPI.COMM_WORLD
-    # mpiexec places the world in blocks; cyclic renumbers it round robin over the nodes
+    # mpiexec places the world in blocks; cyclic renumbers it round robin over the nodes:
+    # the i-th rank of a node takes the i-th number the cluster launcher's cyclic
+    # placement gives that node (python -m mpirl.cluster exec --placement cyclic)
     w = world.Get_rank()
-    comm = world if placement == "block" else world.Split(0, (w % per) * nodes + w // per)
+    comm = world if placement == "block" else \
+        world.Split(0, ranks_on(w // per, nodes, per, RANKS, "cyclic")[w % per])
     rank = comm.Get_rank()
     n = int(mib * 2 ** 20) // 4
     params = np.random.default_rng(0).standard_normal(n).astype(np.float32)

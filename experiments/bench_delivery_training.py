@@ -160,10 +160,14 @@ def write(out: Path, results: dict, args) -> None:
     trials = len(results[RATES[0]]["push"])
     actors = MODES[args.mode][1]
     nodes, per, order = layout(args.layout)
+    two_level = ("; `hierarchical:ring`: `--param-delivery broadcast --topology hierarchical "
+                 "--inner ring`, the copy chained among the node leaders and handed on "
+                 "inside each node through shared memory") if per > 1 else ""
     if args.mode == "impala":
         setup = (f"the learner and {actors} actors. impala", "2 envs x 64 steps per unroll, "
                  "parameters refreshed after every update; `push`: every unroll's reply "
-                 "carries a copy; `ring`: `--param-delivery broadcast --topology ring`")
+                 "carries a copy; `ring`: `--param-delivery broadcast --topology ring`"
+                 + two_level)
     else:
         setup = (f"the learner, one replay rank and {actors} actors. apex (SAC)",
                  "2 envs x 64 steps per rollout; `push`: each actor asks every 400 env "
@@ -171,8 +175,9 @@ def write(out: Path, results: dict, args) -> None:
                  "`--param-delivery broadcast --topology ring`, a broadcast started after "
                  "every update unless one is in flight, each actor taking the newest at "
                  "its refresh points; `ring-every-4`: the same, a broadcast every 4th update "
-                 "(`--refresh-every 4`); policy lag: the updates between the parameters that "
-                 "acted and the learner's, over the transitions trained on")
+                 "(`--refresh-every 4`)" + two_level + "; policy lag: the updates between "
+                 "the parameters that acted and the learner's, over the transitions "
+                 "trained on")
     lines = [f"# Parameter delivery in a training run: {args.mode}, push against broadcast "
              "(experiments/bench_delivery_training.py)", "",
              f"Emulated cluster, {nodes} nodes x {per} rank{'s' * (per > 1)}"

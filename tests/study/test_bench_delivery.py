@@ -1,4 +1,5 @@
-"""experiments/bench_delivery.py's link model and its --layout check, in one process.
+"""experiments/bench_delivery.py's link model and its --layout check, in one process,
+and bench_delivery_training.py's tables and --layout check (no cluster: --rewrite).
 
 The model is what its tables print beside each measured delivery; its counts are
 checked here against the schedules worked out by hand for each layout the tables hold
@@ -65,3 +66,29 @@ def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, text):
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and text in lines[0] and "NODESxPER" in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("mode, text, table", [
+    ("impala", "8x1", "training"), ("apex", "8x1", "training-apex"),
+    ("impala", "4x2:cyclic", "training-4x2-cyclic")])
+def test_training_tables_rewrite_byte_for_byte_from_their_json(tmp_path, mode, text, table):
+    """experiments/bench_delivery_training.py --rewrite on a copy of a committed table's
+    JSON writes the committed table (each layout and mode its own files)."""
+    figures = ROOT / "docs" / "figures" / "delivery"
+    (tmp_path / f"{table}.json").write_bytes((figures / f"{table}.json").read_bytes())
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" /
+                                               "bench_delivery_training.py"),
+                           "--rewrite", "--out", str(tmp_path), "--mode", mode,
+                           "--layout", text], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / f"{table}.md").read_text() == (figures / f"{table}.md").read_text()
+
+
+def test_a_bad_training_layout_is_one_line_and_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" /
+                                               "bench_delivery_training.py"),
+                           "--rewrite", "--out", str(tmp_path), "--layout", "8x1:cyclic"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'8x1:cyclic'" in lines[0] and "NODESxPER" in lines[0]
