@@ -158,7 +158,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--mib", type=float, nargs="+", default=[1.0, 4.0])
     parser.add_argument("--layout", nargs="+", default=["8x1"],
-                        help="NODESxPER, one table each (default 8x1)")
+                        help="NODESxPER[:cyclic], one table each (default 8x1)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rewrite", action="store_true",
                         help="rewrite each --layout's table (results[-NxP[-cyclic]].md) "

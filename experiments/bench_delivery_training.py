@@ -1,6 +1,6 @@
 """Parameter delivery in situ: impala (or apex) trained with the per-actor push against
-``--param-delivery broadcast`` through ring, on 8 nodes of the emulated cluster at
-100 Mbit/s and 1 Gbit/s.
+``--param-delivery broadcast`` through ring, on 8 ranks of the emulated cluster (8 nodes,
+or ``--layout`` nodes of several ranks) at 100 Mbit/s and 1 Gbit/s.
 
     python experiments/bench_delivery_training.py               # ~13 min on 2 cores, as root
     python experiments/bench_delivery_training.py --mode apex   # ~15 min
@@ -8,7 +8,7 @@
 
 ``experiments/bench_delivery.py`` times one delivery alone; this script asks what the
 choice does to a training run.  On its own emulated cluster (``mpirldtrn``, 8 nodes x 1
-rank, taken down at the end, also on error) ``python -m mpirl.run --mode impala`` trains
+rank by default, taken down at the end, also on error) ``python -m mpirl.run --mode impala`` trains
 a network of about 1.1 M float32 parameters (``--hidden 512 512 512``: 4.2 MiB per copy)
 on ``Delay-v0``, a simulator whose every step costs ``--cost-ms`` (sleep: a slow
 simulator such as OpenSim, without its CPU), 2 envs x 64 steps per unroll, parameters

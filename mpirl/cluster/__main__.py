@@ -163,7 +163,7 @@ def cmd_login(args) -> int:
     cmd = _command(args.cmd)
     if not cmd:
         raise ClusterError("nothing to run: give the command after --")
-    env = launch.job_env(spec, "mpich", spec.hosts(), None)
+    env = launch.job_env(spec, "mpich", spec.hosts(), None, order=None)
     if spec.slurm:
         env["SLURM_CONF"] = str(slurm.paths(spec.name)["conf"])
     return subprocess.call(launch.on_login(spec, cmd), env=env)

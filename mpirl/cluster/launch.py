@@ -74,7 +74,8 @@ def layout(text: str, nranks: int) -> tuple[int, int, str]:
     NODES x PER = ``nranks``, NODES >= 2, cyclic only with PER > 1."""
     shape, colon, order = text.partition(":")
     nodes, _, per = shape.partition("x")
-    if not (nodes.isdigit() and per.isdigit() and int(nodes) >= 2
+    if not (nodes.isdecimal() and per.isdecimal() and nodes.isascii() and per.isascii()
+            and int(nodes) >= 2
             and int(nodes) * int(per) == nranks and order == ("cyclic" if colon else "")
             and not (order and int(per) == 1)):
         shapes = [f"{nranks // k}x{k}" for k in range(1, nranks // 2 + 1) if nranks % k == 0]
@@ -101,19 +102,19 @@ def on_login(spec: Cluster, argv: list[str]) -> list[str]:
             "sh", "-c", 'hostname "$0" && exec "$@"', "login", *argv]
 
 
-def job_env(spec: Cluster, mpi: str, hosts: list[str], per_node: int,
-            order: str = "block") -> dict:
+def job_env(spec: Cluster, mpi: str, hosts: list[str], per_node: int | None,
+            order: str | None = "block") -> dict:
     """The environment of a job on the cluster: MPI's settings for the links (where the
-    user has not set them) and ``MPIRL_CLUSTER``, what run.h5 records of where it ran."""
+    user has not set them) and ``MPIRL_CLUSTER``, what run.h5 records of where it ran
+    (``order`` None, for ``login``'s jobs whose placement Slurm decides: not recorded)."""
     from ..launch import mpi_env  # noqa: PLC0415
 
     env = mpi_env()
     if mpi == "mpich":
         for key, value in MPICH_ENV.items():
             env.setdefault(key, value)
-    env["MPIRL_CLUSTER"] = json.dumps({**spec.describe(), "nodes": hosts,
-                                       "ranks_per_node": per_node, "placement": order,
-                                       "mpi": mpi})
+    where = {**spec.describe(), "nodes": hosts, "ranks_per_node": per_node, "mpi": mpi}
+    env["MPIRL_CLUSTER"] = json.dumps(where if order is None else {**where, "placement": order})
     return env
 
 

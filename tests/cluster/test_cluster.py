@@ -144,21 +144,25 @@ def test_ranks_on_one_node_use_shared_memory(cluster, tmp_path):
     assert moved < summary["gradient_bytes"] * summary["updates"] / 10, moved
 
 
-def test_hierarchical_sends_one_leaders_share_over_each_link(cluster, tmp_path):
-    """2 nodes x 2 ranks, numbered round robin (``--placement cyclic``: ranks 0 and 2 on
-    node0): the node's ranks reduce in shared memory and only the leaders exchange, so
-    each node's link carries one gradient per update (a ring over the two leaders: n
-    each way), where a flat ring over the 4 ranks carries 1.5 and a butterfly 2
-    (measured in blocks: 1.06, 1.59, 2.06; the rest is checksums and launcher traffic).
-    The nodes are found by shared memory, so the numbering changes nothing."""
+@pytest.mark.parametrize(("order", "hosts"), [("block", ["node0", "node0", "node1", "node1"]),
+                                               ("cyclic", ["node0", "node1", "node0", "node1"])])
+def test_hierarchical_sends_one_leaders_share_over_each_link(cluster, tmp_path, order, hosts):
+    """2 nodes x 2 ranks, in blocks or numbered round robin (``--placement cyclic``:
+    ranks 0 and 2 on node0): the node's ranks reduce in shared memory and only the
+    leaders exchange, so each node's link carries one gradient per update (a ring over
+    the two leaders: n each way), where a flat ring over the 4 ranks carries 1.5 and a
+    butterfly 2 (measured in blocks: 1.06, 1.59, 2.06; the hierarchical job, node0 and
+    node1: 1.13 and 1.07 in blocks, 1.11 and 1.06 round robin, in one later session; the
+    rest is checksums and launcher traffic).  The nodes are found by
+    shared memory, so the numbering changes nothing."""
     before = net.link_bytes(cluster)
     job = cluster_job(tmp_path, 4, "--topology", "hierarchical", "--checksum-every", "2",
-                      extra=("--ranks-per-node", "2", "--placement", "cyclic"))
+                      extra=("--ranks-per-node", "2", "--placement", order))
     assert job.returncode == 0, job.tail()
     after = net.link_bytes(cluster)
     with open_run(tmp_path / "r" / "run.h5") as f:
-        assert json.loads(f.attrs["hostnames_json"]) == ["node0", "node1", "node0", "node1"]
-        assert json.loads(f.attrs["cluster_json"])["placement"] == "cyclic"
+        assert json.loads(f.attrs["hostnames_json"]) == hosts
+        assert json.loads(f.attrs["cluster_json"])["placement"] == order
     assert "hierarchical: 2 node(s) by shared memory, of 2, 2 ranks; the leaders " \
            "exchange with ring" in job.output, job.tail()
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
@@ -186,6 +190,24 @@ def test_openmpi_run_across_two_nodes_shares_the_cores(cluster, tmp_path):
         assert json.loads(f.attrs["cluster_json"])["mpi"] == "openmpi"
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["torch_threads"] == max(1, cpu_count() // 2), summary
+
+
+def test_openmpi_places_ranks_round_robin(cluster):
+    """``--mpi openmpi --placement cyclic`` (``--map-by node``): 4 ranks at 2 per node
+    land on node0, node1, node0, node1, as MPICH's do (test above)."""
+    require(None if (ROOT / ".venv-ulfm" / "bin" / "mpiexec").exists()
+            else "no .venv-ulfm (make ulfm-env)")
+    where = ("import socket; from mpi4py import MPI; "
+             "print(f'rank {MPI.COMM_WORLD.Get_rank()} on {socket.gethostname()}')")
+    for _ in range(3):      # Open MPI 5.0.11 sometimes dies in MPI_Init (test_ulfm.py)
+        done = cli("exec", "--mpi", "openmpi", "-n", "4", "--ranks-per-node", "2",
+                   "--placement", "cyclic", "--timeout", "60", "--", "python", "-c", where,
+                   timeout_s=90)
+        if done.returncode == 0:
+            break
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank ")) \
+        == ["rank 0 on node0", "rank 1 on node1", "rank 2 on node0", "rank 3 on node1"]
 
 
 def test_the_cap_bounds_a_transfer_from_below(cluster):

@@ -25,6 +25,7 @@ def test_block_and_cyclic_number_as_slurm_does():
     assert ranks_on(1, 4, 2, 8) == [2, 3] and ranks_on(1, 4, 2, 8, "cyclic") == [1, 5]
     assert node_of(2, 4, "cyclic") == [0, 1, 0, 1, 0, 1, 0, 1]
     assert ranks_on(2, 3, 2, 5) == [4]            # a short last node, in blocks
+    assert [ranks_on(i, 3, 2, 5, "cyclic") for i in range(3)] == [[0, 3], [1, 4], [2]]
 
 
 def test_layouts():
@@ -32,7 +33,8 @@ def test_layouts():
     assert layout("2x4:cyclic", 8) == (2, 4, "cyclic")
 
 
-@pytest.mark.parametrize("text", ["3x3", "1x8", "8x1:cyclic", "4x2:blocks", "x8", "4x2:"])
+@pytest.mark.parametrize("text", ["3x3", "1x8", "8x1:cyclic", "4x2:blocks", "x8", "4x2:",
+                                  "\u00b2x4"])
 def test_a_bad_layout_says_what_is_allowed(text):
     with pytest.raises(ClusterError) as err:
         layout(text, 8)
