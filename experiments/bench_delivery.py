@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpirl.cluster.launch import node_of, ranks_on  # noqa: E402
+from mpirl.cluster.launch import layout_or_exit, node_of, ranks_on  # noqa: E402
 
 NAME = "mpirldeliv"
 SUBNET = "10.231.95.0/24"
@@ -88,14 +88,7 @@ def deliver(comm, way: str, end, params, held) -> tuple[float, int]:
 def layout(text: str) -> tuple[int, int, str]:
     """``NODESxPER[:cyclic]`` as (nodes, ranks per node, placement) for the 8 ranks; a bad
     one stops the script (one line, exit 2)."""
-    from mpirl.cluster.launch import layout as parse
-    from mpirl.cluster.net import ClusterError
-
-    try:
-        return parse(text, RANKS)
-    except ClusterError as err:
-        print(f"bench_delivery: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return layout_or_exit(text, RANKS, "bench_delivery")
 
 
 def ways_of(per: int) -> list[str]:

@@ -76,14 +76,9 @@ MODES = {"impala": (["--mode", "impala"], RANKS - 1, "", WAYS),
 def layout(text: str) -> tuple[int, int, str]:
     """``--layout`` as (nodes, ranks per node, order); a bad one stops the script (one
     line, exit 2)."""
-    from mpirl.cluster.launch import layout as parse
-    from mpirl.cluster.net import ClusterError
+    from mpirl.cluster.launch import layout_or_exit
 
-    try:
-        return parse(text, RANKS)
-    except ClusterError as err:
-        print(f"bench_delivery_training: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return layout_or_exit(text, RANKS, "bench_delivery_training")
 
 
 def stem(mode: str, text: str) -> str:

