@@ -288,11 +288,12 @@ def resume_argv(point: Point, sweep_dir: Path) -> list[str]:
 
 # -- local launcher ----------------------------------------------------------------------------
 def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point],
-              plans: dict[str, Plan], cluster=None, per_node: int | None = None) -> list[str]:
+              plans: dict[str, Plan], cluster=None, per_node: int | None = None,
+              order: str = "block") -> list[str]:
     """Run the points one after another through mpiexec, resuming or restarting each as
     ``plans`` says; return the names that failed.  With ``cluster`` (an emulated
     cluster, :mod:`mpirl.cluster`), each point runs across its nodes, ``per_node``
-    ranks on each (default: spread evenly)."""
+    ranks on each (default: spread evenly), numbered by ``order`` (block or cyclic)."""
     failed = []
     resumed = 0
     env = mpi_env({"PYTHONPATH": os.pathsep.join(filter(None, [str(_project_root()),
@@ -313,7 +314,7 @@ def run_local(sweep: Sweep, sweep_dir: Path, todo: list[Point],
             from ..cluster.launch import mpiexec_argv  # noqa: PLC0415
 
             cmd, job_env = mpiexec_argv(cluster, point.ranks, per_node,
-                                        [sys.executable, *argv])
+                                        [sys.executable, *argv], order=order)
             env = {**job_env, "PYTHONPATH": env["PYTHONPATH"]}
         what = f" ({plan.describe()})" if plan.action == "resume" else ""
         print(f"sweep: [{i}/{len(todo)}] {point.name}{what} ... ", end="", flush=True)
@@ -506,6 +507,27 @@ def prepare_point(sweep: Sweep, sweep_dir: Path, name: str) -> int:
     return 0
 
 
+def launch(args, sweep: Sweep, sweep_dir: Path, todo: list[Point],
+           plans: dict[str, Plan]) -> list[str]:
+    """Run ``todo`` with the launcher the command line chose; the names that failed."""
+    if args.launcher == "cluster":
+        from ..cluster import ClusterError  # noqa: PLC0415
+        from ..cluster import load as load_cluster  # noqa: PLC0415
+        from ..cluster.launch import placement  # noqa: PLC0415
+
+        try:
+            cluster = load_cluster(args.cluster_name)
+            for point in sweep.points:           # every point fits, before any runs
+                placement(cluster, point.ranks, args.ranks_per_node)
+        except ClusterError as err:
+            raise SweepError(str(err)) from None
+        return run_local(sweep, sweep_dir, todo, plans, cluster, args.ranks_per_node,
+                         args.placement or "block")
+    if args.launcher == "local":
+        return run_local(sweep, sweep_dir, todo, plans)
+    return run_slurm(sweep, sweep_dir, todo, plans, submit=args.submit, wait_s=args.wait)
+
+
 # -- command line ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpirl.sweep", description=__doc__,
@@ -520,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="cluster launcher: which emulated cluster (default mpirl)")
     parser.add_argument("--ranks-per-node", type=int, default=None,
                         help="cluster launcher: ranks per node (default: spread evenly)")
+    parser.add_argument("--placement", choices=("block", "cyclic"), default=None,
+                        help="cluster launcher: number the ranks in blocks of a node's ranks "
+                             "(default) or round robin over the nodes (rank r on node r mod "
+                             "N), as `mpirl.cluster exec --placement`")
     parser.add_argument("--out", default="runs/sweeps",
                         help="parent directory of the sweep's directory (default runs/sweeps)")
     parser.add_argument("--submit", action="store_true", help="slurm: sbatch the scripts")
@@ -535,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
                              "and done|resume|fresh to stdout; run nothing")
     args = parser.parse_args(argv)
     try:
+        if args.placement is not None and args.launcher != "cluster":
+            raise SweepError(f"--placement {args.placement} with --launcher {args.launcher}: "
+                             "only the cluster launcher places ranks (mpiexec here and Slurm "
+                             "place them themselves); allowed: --launcher cluster")
         sweep = load(args.definition)
         sweep_dir = Path(args.out) / sweep.name
         if args.prepare_point:
@@ -550,23 +580,7 @@ def main(argv: list[str] | None = None) -> int:
                 state = plans[point.name].describe() if point.name in plans else "done"
                 print(f"  {point.name:40} {point.ranks:3} ranks  {state}")
             return 0
-        if args.launcher == "cluster":
-            from ..cluster import ClusterError  # noqa: PLC0415
-            from ..cluster import load as load_cluster  # noqa: PLC0415
-            from ..cluster.launch import placement  # noqa: PLC0415
-
-            try:
-                cluster = load_cluster(args.cluster_name)
-                for point in sweep.points:           # every point fits, before any runs
-                    placement(cluster, point.ranks, args.ranks_per_node)
-            except ClusterError as err:
-                raise SweepError(str(err)) from None
-            failed = run_local(sweep, sweep_dir, todo, plans, cluster, args.ranks_per_node)
-        elif args.launcher == "local":
-            failed = run_local(sweep, sweep_dir, todo, plans)
-        else:
-            failed = run_slurm(sweep, sweep_dir, todo, plans, submit=args.submit,
-                               wait_s=args.wait)
+        failed = launch(args, sweep, sweep_dir, todo, plans)
     except SweepError as err:
         print(f"mpirl.sweep: error: {err}", file=sys.stderr)
         return 2

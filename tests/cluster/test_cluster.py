@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import BATCH, ROOT, require
+from conftest import BATCH, ROOT, TINY, require, run_sweep
 from mpirl.cluster import launch, lifecycle, net
 from mpirl.launch import cpu_count
 from mpirl.telemetry.read import open_run
@@ -144,32 +144,56 @@ def test_ranks_on_one_node_use_shared_memory(cluster, tmp_path):
     assert moved < summary["gradient_bytes"] * summary["updates"] / 10, moved
 
 
-@pytest.mark.parametrize(("order", "hosts"), [("block", ["node0", "node0", "node1", "node1"]),
-                                               ("cyclic", ["node0", "node1", "node0", "node1"])])
-def test_hierarchical_sends_one_leaders_share_over_each_link(cluster, tmp_path, order, hosts):
-    """2 nodes x 2 ranks, in blocks or numbered round robin (``--placement cyclic``:
-    ranks 0 and 2 on node0): the node's ranks reduce in shared memory and only the
+def test_hierarchical_sends_one_leaders_share_over_each_link(cluster, tmp_path):
+    """2 nodes x 2 ranks in blocks: the node's ranks reduce in shared memory and only the
     leaders exchange, so each node's link carries one gradient per update (a ring over
     the two leaders: n each way), where a flat ring over the 4 ranks carries 1.5 and a
     butterfly 2 (measured in blocks: 1.06, 1.59, 2.06; the hierarchical job, node0 and
     node1: 1.13 and 1.07 in blocks, 1.11 and 1.06 round robin, in one later session; the
-    rest is checksums and launcher traffic).  The nodes are found by
-    shared memory, so the numbering changes nothing."""
+    rest is checksums and launcher traffic)."""
     before = net.link_bytes(cluster)
     job = cluster_job(tmp_path, 4, "--topology", "hierarchical", "--checksum-every", "2",
-                      extra=("--ranks-per-node", "2", "--placement", order))
+                      extra=("--ranks-per-node", "2"))
     assert job.returncode == 0, job.tail()
     after = net.link_bytes(cluster)
-    with open_run(tmp_path / "r" / "run.h5") as f:
-        assert json.loads(f.attrs["hostnames_json"]) == hosts
-        assert json.loads(f.attrs["cluster_json"])["placement"] == order
+    check_leaders_share(tmp_path / "r", {h: after[h]["sent"] - before[h]["sent"]
+                                         for h in after}, "block",
+                        ["node0", "node0", "node1", "node1"])
     assert "hierarchical: 2 node(s) by shared memory, of 2, 2 ranks; the leaders " \
            "exchange with ring" in job.output, job.tail()
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+
+
+def test_a_sweep_runs_across_the_nodes_numbered_round_robin(cluster, tmp_path):
+    """``mpirl.sweep --launcher cluster --ranks-per-node 2 --placement cyclic``: the
+    sweep's point (the hierarchical job above, ranks 0 and 2 on node0) runs through the
+    cluster's launcher, numbered round robin, and its ``links.json`` (the bytes each
+    node's link carried during the point) shows one leader's share over each link: the
+    nodes are found by shared memory, so the numbering changes nothing."""
+    definition = {"name": "cyclic", "config": {**TINY, "total_steps": 1280, "log_every": 10,
+                                               "topology": "hierarchical",
+                                               "checksum_every": 2},
+                  "grid": {"ranks": [4]}, "timeout_s": 180}
+    done = run_sweep(definition, tmp_path, "--launcher", "cluster", "--cluster-name", NAME,
+                     "--ranks-per-node", "2", "--placement", "cyclic", timeout_s=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = tmp_path / "cyclic" / "hierarchical-sync-4r-s1"
+    links = json.loads((run_dir / "links.json").read_text())
+    assert links["rate"] == cluster.rate
+    check_leaders_share(run_dir, {h: moved["sent"] for h, moved in links["nodes"].items()},
+                        "cyclic", ["node0", "node1", "node0", "node1"])
+
+
+def check_leaders_share(run_dir, sent: dict, order: str, hosts: list[str]) -> None:
+    """The run in ``run_dir`` placed its ranks on ``hosts`` by ``order`` (both read back
+    from run.h5), and each node's link sent (``sent``: bytes by node) about one gradient
+    per update."""
+    with open_run(run_dir / "run.h5") as f:
+        assert json.loads(f.attrs["hostnames_json"]) == hosts
+        assert json.loads(f.attrs["cluster_json"])["placement"] == order
+    summary = json.loads((run_dir / "summary.json").read_text())
     gradients = summary["gradient_bytes"] * summary["updates"]
     for node in ("node0", "node1"):
-        moved = after[node]["sent"] - before[node]["sent"]
-        assert 0.95 * gradients < moved < 1.3 * gradients, (node, moved / gradients)
+        assert 0.95 * gradients < sent[node] < 1.3 * gradients, (node, sent[node] / gradients)
 
 
 def test_openmpi_run_across_two_nodes_shares_the_cores(cluster, tmp_path):

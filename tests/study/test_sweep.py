@@ -54,6 +54,18 @@ def test_bad_definitions_stop_before_anything_runs(tmp_path, capsys, definition,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_placement_without_the_cluster_launcher_is_one_line(tmp_path, capsys, launcher):
+    code = sweep.main([write(tmp_path, {"name": "x", "grid": {"ranks": [2]}}), "--out",
+                       str(tmp_path / "out"), "--launcher", launcher, "--placement", "cyclic"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (f"mpirl.sweep: error: --placement cyclic with --launcher "
+                                 f"{launcher}: only the cluster launcher places ranks (mpiexec "
+                                 "here and Slurm place them themselves); allowed: --launcher "
+                                 "cluster\n"), err
+    assert not (tmp_path / "out").exists()
+
+
 def test_grid_union_names_and_validation(tmp_path):
     s = sweep.load(write(tmp_path, TINY_SWEEP))
     assert [p.name for p in s.points] == EXPECTED
