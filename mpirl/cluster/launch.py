@@ -65,8 +65,13 @@ def ranks_on(index: int, nodes: int, per_node: int, nranks: int,
 
 
 def node_of(nodes: int, per_node: int, order: str = "block") -> list[int]:
-    """Each rank's node (its index among the job's) for ``nodes`` x ``per_node`` ranks."""
-    return [r // per_node if order == "block" else r % nodes for r in range(nodes * per_node)]
+    """Each rank's node (its index among the job's) for ``nodes`` x ``per_node`` ranks,
+    read off :func:`ranks_on` (one numbering)."""
+    where = [0] * (nodes * per_node)
+    for index in range(nodes):
+        for r in ranks_on(index, nodes, per_node, nodes * per_node, order):
+            where[r] = index
+    return where
 
 
 def layout(text: str, nranks: int) -> tuple[int, int, str]:

@@ -14,7 +14,9 @@ from mpirl.cluster.net import ClusterError
 @pytest.mark.parametrize(("nodes", "per_node"), [(8, 1), (4, 2), (2, 4), (3, 2), (2, 3)])
 def test_ranks_on_a_node_and_each_ranks_node_agree(nodes, per_node, order):
     nranks = nodes * per_node
-    where = node_of(nodes, per_node, order)
+    # each rank's node by Slurm's rule for its --distribution (block or cyclic)
+    where = [r // per_node if order == "block" else r % nodes for r in range(nranks)]
+    assert node_of(nodes, per_node, order) == where
     lists = [ranks_on(i, nodes, per_node, nranks, order) for i in range(nodes)]
     assert sorted(r for ranks in lists for r in ranks) == list(range(nranks))
     assert all(len(ranks) == per_node for ranks in lists)
@@ -23,7 +25,7 @@ def test_ranks_on_a_node_and_each_ranks_node_agree(nodes, per_node, order):
 
 def test_block_and_cyclic_number_as_slurm_does():
     assert ranks_on(1, 4, 2, 8) == [2, 3] and ranks_on(1, 4, 2, 8, "cyclic") == [1, 5]
-    assert node_of(2, 4, "cyclic") == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert [ranks_on(i, 2, 4, 8, "cyclic") for i in range(2)] == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert ranks_on(2, 3, 2, 5) == [4]            # a short last node, in blocks
     assert [ranks_on(i, 3, 2, 5, "cyclic") for i in range(3)] == [[0, 3], [1, 4], [2]]
 
