@@ -5,6 +5,7 @@ or ``--layout`` nodes of several ranks) at 100 Mbit/s and 1 Gbit/s.
     python experiments/bench_delivery_training.py               # ~13 min on 2 cores, as root
     python experiments/bench_delivery_training.py --mode apex   # ~15 min
     python experiments/bench_delivery_training.py --layout 4x2:cyclic   # ~20 min
+    python experiments/bench_delivery_training.py --mode apex --layout 4x2:cyclic   # ~25 min
 
 ``experiments/bench_delivery.py`` times one delivery alone; this script asks what the
 choice does to a training run.  On its own emulated cluster (``mpirldtrn``, 8 nodes x 1
