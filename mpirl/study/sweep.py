@@ -507,20 +507,29 @@ def prepare_point(sweep: Sweep, sweep_dir: Path, name: str) -> int:
     return 0
 
 
-def launch(args, sweep: Sweep, sweep_dir: Path, todo: list[Point],
-           plans: dict[str, Plan]) -> list[str]:
-    """Run ``todo`` with the launcher the command line chose; the names that failed."""
-    if args.launcher == "cluster":
-        from ..cluster import ClusterError  # noqa: PLC0415
-        from ..cluster import load as load_cluster  # noqa: PLC0415
-        from ..cluster.launch import placement  # noqa: PLC0415
+def cluster_for(args, sweep: Sweep):
+    """The emulated cluster ``--launcher cluster`` runs on, every point checked to fit it
+    (before the sweep writes anything); None for the other launchers."""
+    if args.launcher != "cluster":
+        return None
+    from ..cluster import ClusterError  # noqa: PLC0415
+    from ..cluster import load as load_cluster  # noqa: PLC0415
+    from ..cluster.launch import placement  # noqa: PLC0415
 
-        try:
-            cluster = load_cluster(args.cluster_name)
-            for point in sweep.points:           # every point fits, before any runs
-                placement(cluster, point.ranks, args.ranks_per_node)
-        except ClusterError as err:
-            raise SweepError(str(err)) from None
+    try:
+        cluster = load_cluster(args.cluster_name)
+        for point in sweep.points:
+            placement(cluster, point.ranks, args.ranks_per_node)
+    except ClusterError as err:
+        raise SweepError(str(err)) from None
+    return cluster
+
+
+def launch(args, sweep: Sweep, sweep_dir: Path, todo: list[Point], plans: dict[str, Plan],
+           cluster) -> list[str]:
+    """Run ``todo`` with the launcher the command line chose (``cluster``: the emulated
+    cluster's, :func:`cluster_for`); the names that failed."""
+    if cluster is not None:
         return run_local(sweep, sweep_dir, todo, plans, cluster, args.ranks_per_node,
                          args.placement or "block")
     if args.launcher == "local":
@@ -542,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cluster launcher: which emulated cluster (default mpirl)")
     parser.add_argument("--ranks-per-node", type=int, default=None,
                         help="cluster launcher: ranks per node (default: spread evenly)")
+    # the choices are mpirl.cluster.launch.PLACEMENTS, written out: the cluster package is
+    # imported only for --launcher cluster (tests/cluster/test_placement.py checks each is taken)
     parser.add_argument("--placement", choices=("block", "cyclic"), default=None,
                         help="cluster launcher: number the ranks in blocks of a node's ranks "
                              "(default) or round robin over the nodes (rank r on node r mod "
@@ -561,12 +572,15 @@ def main(argv: list[str] | None = None) -> int:
                              "and done|resume|fresh to stdout; run nothing")
     args = parser.parse_args(argv)
     try:
-        if args.placement is not None and args.launcher != "cluster":
-            raise SweepError(f"--placement {args.placement} with --launcher {args.launcher}: "
-                             "only the cluster launcher places ranks (mpiexec here and Slurm "
-                             "place them themselves); allowed: --launcher cluster")
+        for flag, value in (("--ranks-per-node", args.ranks_per_node),
+                            ("--placement", args.placement)):
+            if value is not None and args.launcher != "cluster":
+                raise SweepError(f"{flag} {value} with --launcher {args.launcher}: only the "
+                                 "cluster launcher places ranks (mpiexec here and Slurm place "
+                                 "them themselves); allowed: --launcher cluster")
         sweep = load(args.definition)
         sweep_dir = Path(args.out) / sweep.name
+        cluster = None if args.dry_run or args.prepare_point else cluster_for(args, sweep)
         if args.prepare_point:
             return prepare_point(sweep, sweep_dir, args.prepare_point)
         todo = prepare(sweep, sweep_dir)
@@ -580,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
                 state = plans[point.name].describe() if point.name in plans else "done"
                 print(f"  {point.name:40} {point.ranks:3} ranks  {state}")
             return 0
-        failed = launch(args, sweep, sweep_dir, todo, plans)
+        failed = launch(args, sweep, sweep_dir, todo, plans, cluster)
     except SweepError as err:
         print(f"mpirl.sweep: error: {err}", file=sys.stderr)
         return 2

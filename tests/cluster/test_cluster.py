@@ -149,8 +149,8 @@ def test_hierarchical_sends_one_leaders_share_over_each_link(cluster, tmp_path):
     leaders exchange, so each node's link carries one gradient per update (a ring over
     the two leaders: n each way), where a flat ring over the 4 ranks carries 1.5 and a
     butterfly 2 (measured in blocks: 1.06, 1.59, 2.06; the hierarchical job, node0 and
-    node1: 1.13 and 1.07 in blocks, 1.11 and 1.06 round robin, in one later session; the
-    rest is checksums and launcher traffic)."""
+    node1: 1.13 and 1.07, in one later session; the rest is checksums and launcher
+    traffic)."""
     before = net.link_bytes(cluster)
     job = cluster_job(tmp_path, 4, "--topology", "hierarchical", "--checksum-every", "2",
                       extra=("--ranks-per-node", "2"))
@@ -168,7 +168,8 @@ def test_a_sweep_runs_across_the_nodes_numbered_round_robin(cluster, tmp_path):
     sweep's point (the hierarchical job above, ranks 0 and 2 on node0) runs through the
     cluster's launcher, numbered round robin, and its ``links.json`` (the bytes each
     node's link carried during the point) shows one leader's share over each link: the
-    nodes are found by shared memory, so the numbering changes nothing."""
+    nodes are found by shared memory, so the numbering changes nothing (node0 and node1:
+    1.11 and 1.06 gradients per update, launched by exec, in one session)."""
     definition = {"name": "cyclic", "config": {**TINY, "total_steps": 1280, "log_every": 10,
                                                "topology": "hierarchical",
                                                "checksum_every": 2},
@@ -181,6 +182,9 @@ def test_a_sweep_runs_across_the_nodes_numbered_round_robin(cluster, tmp_path):
     assert links["rate"] == cluster.rate
     check_leaders_share(run_dir, {h: moved["sent"] for h, moved in links["nodes"].items()},
                         "cyclic", ["node0", "node1", "node0", "node1"])
+    log = (tmp_path / "cyclic" / "logs" / "hierarchical-sync-4r-s1.out").read_text()
+    assert "hierarchical: 2 node(s) by shared memory, of 2, 2 ranks; the leaders exchange " \
+           "with ring" in log, log[-3000:]
 
 
 def check_leaders_share(run_dir, sent: dict, order: str, hosts: list[str]) -> None:

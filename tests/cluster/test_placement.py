@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mpirl.cluster.launch import layout, node_of, ranks_on
+from mpirl.cluster.launch import PLACEMENTS, layout, node_of, ranks_on
 from mpirl.cluster.net import ClusterError
+from mpirl.study import sweep
 
 
 @pytest.mark.parametrize("order", ["block", "cyclic"])
@@ -28,6 +29,14 @@ def test_block_and_cyclic_number_as_slurm_does():
     assert [ranks_on(i, 2, 4, 8, "cyclic") for i in range(2)] == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert ranks_on(2, 3, 2, 5) == [4]            # a short last node, in blocks
     assert [ranks_on(i, 3, 2, 5, "cyclic") for i in range(3)] == [[0, 3], [1, 4], [2]]
+
+
+@pytest.mark.parametrize("order", PLACEMENTS)
+def test_the_sweep_takes_every_placement_of_the_launcher(order, capsys):
+    # mpirl.sweep writes the choices out (it loads the cluster package only when used):
+    # each is accepted (refused here for the local launcher, past argparse)
+    assert sweep.main(["x.yaml", "--placement", order]) == 2
+    assert f"--placement {order} with --launcher local" in capsys.readouterr().err
 
 
 def test_layouts():

@@ -55,15 +55,26 @@ def test_bad_definitions_stop_before_anything_runs(tmp_path, capsys, definition,
 
 
 @pytest.mark.parametrize("launcher", ["local", "slurm"])
-def test_placement_without_the_cluster_launcher_is_one_line(tmp_path, capsys, launcher):
+@pytest.mark.parametrize("flag", [("--placement", "cyclic"), ("--ranks-per-node", "2")])
+def test_cluster_flags_without_the_cluster_launcher_are_one_line(tmp_path, capsys, launcher,
+                                                                  flag):
     code = sweep.main([write(tmp_path, {"name": "x", "grid": {"ranks": [2]}}), "--out",
-                       str(tmp_path / "out"), "--launcher", launcher, "--placement", "cyclic"])
+                       str(tmp_path / "out"), "--launcher", launcher, *flag])
     err = capsys.readouterr().err
-    assert code == 2 and err == (f"mpirl.sweep: error: --placement cyclic with --launcher "
+    assert code == 2 and err == (f"mpirl.sweep: error: {' '.join(flag)} with --launcher "
                                  f"{launcher}: only the cluster launcher places ranks (mpiexec "
                                  "here and Slurm place them themselves); allowed: --launcher "
                                  "cluster\n"), err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cluster_that_is_not_up_stops_the_sweep_before_it_writes(tmp_path, capsys):
+    code = sweep.main([write(tmp_path, {"name": "x", "grid": {"ranks": [2]}}), "--out",
+                       str(tmp_path / "out"), "--launcher", "cluster", "--cluster-name",
+                       "mpirlnone"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("mpirl.sweep: error: cluster 'mpirlnone' is not up")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 def test_grid_union_names_and_validation(tmp_path):
