@@ -1,9 +1,17 @@
-"""What the case-by-case MPI check scripts share: one verdict per case, agreed by every
-rank, printed by rank 0 as ``OK CASE`` or ``FAIL CASE: why``."""
+"""What the case-by-case MPI check scripts share: MPI started with the project's
+defaults, the world's ``comm``, ``rank`` and ``size``, and :data:`cases`, one verdict per
+case, agreed by every rank, printed by rank 0 as ``OK CASE`` or ``FAIL CASE: why``::
+
+    from cases import cases, comm, rank, report, size   # before anything imports mpi4py
+
+Importing it starts MPI, so a script imports it first."""
 
 from __future__ import annotations
 
-from mpi4py import MPI
+from mpirl.launch import apply_mpi_defaults
+
+apply_mpi_defaults()    # before MPI starts, as every entry point of the project does
+from mpi4py import MPI  # noqa: E402
 
 
 class Cases:
@@ -21,3 +29,9 @@ class Cases:
         if self.comm.Get_rank() == 0:
             print(f"FAIL {case}: {'; '.join(problems)}" if problems else f"OK {case}",
                   flush=True)
+
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+cases = Cases(comm)
+report = cases.report

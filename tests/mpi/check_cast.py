@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from mpirl.launch import apply_mpi_defaults
+from cases import cases, comm, rank, report, size  # first: it starts MPI
 
-apply_mpi_defaults()
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-import topologies  # noqa: E402
-from cases import Cases  # noqa: E402
-
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-cases = Cases(comm)
-report = cases.report
+import topologies
 
 
 def sent(spec: str, n: int) -> int:

@@ -12,20 +12,13 @@ from __future__ import annotations
 import sys
 import time
 
-from mpirl.launch import apply_mpi_defaults
+from cases import cases, comm, rank, report, size  # first: it starts MPI
 
-apply_mpi_defaults()
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
 
-from cases import Cases  # noqa: E402
-from mpirl.kit.delivery import Publisher, Subscriber  # noqa: E402
-from topologies.paramserver import DeadlineExceeded  # noqa: E402
+from mpirl.kit.delivery import Publisher, Subscriber
+from topologies.paramserver import DeadlineExceeded
 
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-cases = Cases(comm)
-report = cases.report
 #: odd, and over ring's 256 KiB segment: a pipelined chain of several segments
 N = 300_007
 VERSIONS = 15

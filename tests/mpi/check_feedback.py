@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from mpirl.launch import apply_mpi_defaults
+from cases import cases, comm, rank, report, size  # first: it starts MPI
 
-apply_mpi_defaults()
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-import topologies  # noqa: E402
-from cases import Cases  # noqa: E402
-from topologies import powersgd  # noqa: E402
+import topologies
+from topologies import powersgd
 
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-cases = Cases(comm)
-report = cases.report
 #: a small actor-critic's tensors: two compressible matrices, biases, a thin head
 SHAPES = [(64, 32), (64,), (64, 64), (64,), (2, 64), (2,)]
 N = sum(int(np.prod(s)) for s in SHAPES)

@@ -23,21 +23,15 @@ import hashlib
 import sys
 from pathlib import Path
 
-from mpirl.launch import apply_mpi_defaults
+from cases import cases, comm, rank, size  # first: it starts MPI
 
-apply_mpi_defaults()
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
 
-from cases import Cases  # noqa: E402
-from mpirl import run  # noqa: E402
-from mpirl.designs import ga3c, impala, paramserver  # noqa: E402
-from mpirl.kit import actorlearner  # noqa: E402
-from topologies.paramserver import ParameterServer  # noqa: E402
+from mpirl import run
+from mpirl.designs import ga3c, impala, paramserver
+from mpirl.kit import actorlearner
+from topologies.paramserver import ParameterServer
 
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-cases = Cases(comm)
 STEPS, ENVS = 16, 2
 
 #: this rank's record of the case running: the learner's copy per version, the copies

@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import sys
 
-from mpirl.launch import apply_mpi_defaults
+from cases import cases, comm, rank, report, size  # first: it starts MPI
 
-apply_mpi_defaults()
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+import torch
 
-from cases import Cases  # noqa: E402
-from mpirl.kit.overlap import Overlap, Whole  # noqa: E402
-from mpirl.parts.learner.flat import FlatParams  # noqa: E402
-from mpirl.resilience.exchange import Exchange  # noqa: E402
-
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-cases = Cases(comm)
-report = cases.report
+from mpirl.kit.overlap import Overlap, Whole
+from mpirl.parts.learner.flat import FlatParams
+from mpirl.resilience.exchange import Exchange
 
 
 def model() -> tuple[torch.nn.Module, FlatParams]:

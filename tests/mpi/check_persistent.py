@@ -12,20 +12,12 @@ from __future__ import annotations
 
 import sys
 
-from mpirl.launch import apply_mpi_defaults
+from cases import cases, comm, rank, report, size  # first: it starts MPI
 
-apply_mpi_defaults()
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
 
-import topologies  # noqa: E402
-from cases import Cases  # noqa: E402
-from topologies import butterfly, persistent  # noqa: E402
-
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-cases = Cases(comm)
-report = cases.report
+import topologies
+from topologies import butterfly, persistent
 
 
 def stats_delta(topo, call) -> tuple[int, int, int]:
