@@ -1,6 +1,6 @@
 """What every design shares: building a rank's parts (an actor-critic replica, or a DQN
 learner), the run summary, episode bookkeeping, and the few collectives of progress
-reports and start-up checks."""
+reports and start-up checks, and what a resumed run says when it goes on."""
 
 from __future__ import annotations
 
@@ -256,3 +256,14 @@ def print_layout(topology, rank: int) -> None:
     line = topology.layout() if topology is not None else None
     if line and rank == 0:
         print(f"mpirl: {line}", flush=True)
+
+
+def say_resumed(cfg, run_dir, where: str) -> None:
+    """Rank 0 of a resumed run, once its checkpoint is back: save the flags given on top
+    into ``config.yaml`` (:meth:`~mpirl.config.Config.save_resumed`) and say so, and
+    where the run goes on from (``where``: "at update 50 (6400 env steps)")."""
+    changed = cfg.save_resumed(run_dir / "config.yaml")
+    if changed:
+        print(f"mpirl: resuming with {', '.join(changed)} (saved to "
+              f"{run_dir / 'config.yaml'})", flush=True)
+    print(f"mpirl: resumed {run_dir} {where}", flush=True)

@@ -30,7 +30,7 @@ from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from .book import Book
-from .common import Episodes, Summary
+from .common import Episodes, Summary, say_resumed
 from .ledger import count_in_order
 
 #: the numbers a worker sends with every push (float64).
@@ -58,7 +58,7 @@ def restore_generation(cfg: Config, saved: TrainingState, run_dir: Path, rank: i
                            f"is of generation {state['generation']} of a "
                            f"{state['world_size']}-rank run")
     if rank == 0:
-        checkpoint.say_resumed(cfg, run_dir, f"from checkpoint generation {generation}")
+        say_resumed(cfg, run_dir, f"from checkpoint generation {generation}")
 
 
 class Worker:

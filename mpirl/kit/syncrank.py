@@ -22,11 +22,12 @@ from mpi4py import MPI
 from ..config import Config
 from ..errors import ReplicaDivergence
 from .common import (Episodes, Summary, build_replica, check_same_model, comm_share,
-                          final_mean_return, print_layout, reached_target, sum_over_ranks)
+                      final_mean_return, print_layout, reached_target, say_resumed,
+                      sum_over_ranks)
 from .overlap import Overlap, Whole
 from ..parts.actor import Actor
 from ..parts.learner import Learner
-from ..resilience import checkpoint, elastic
+from ..resilience import elastic
 from ..resilience.checkpoint import TrainingState
 from ..resilience.elastic import NodeCommits
 from ..resilience.exchange import Exchange
@@ -119,8 +120,8 @@ class SyncRank:
         if cfg.resume:
             saved.restore(run_dir, rank)
             if rank == 0:
-                checkpoint.say_resumed(cfg, run_dir, f"at update {count.update} "
-                                       f"({count.env_steps} env steps) from its checkpoints")
+                say_resumed(cfg, run_dir, f"at update {count.update} "
+                            f"({count.env_steps} env steps) from its checkpoints")
         commits = elastic.start(cfg, comm, run_dir, progress.elapsed(),
                                 restore=lambda state: continue_from(state, learner, count),
                                 reseed=lambda seed: reseed(actor, seed + 10000 * rank))

@@ -81,17 +81,6 @@ class TrainingState:
         return state
 
 
-def say_resumed(cfg, run_dir: Path, where: str) -> None:
-    """Rank 0 of a resumed run, once its checkpoint is back: save the flags given on top
-    into ``config.yaml`` (:meth:`~mpirl.config.Config.save_resumed`) and say so, and
-    where the run goes on from (``where``: "at update 50 (6400 env steps)")."""
-    changed = cfg.save_resumed(run_dir / "config.yaml")
-    if changed:
-        print(f"mpirl: resuming with {', '.join(changed)} (saved to "
-              f"{run_dir / 'config.yaml'})", flush=True)
-    print(f"mpirl: resumed {run_dir} {where}", flush=True)
-
-
 def path_for(run_dir: Path, rank: int, generation: int | None = None) -> Path:
     """Rank ``rank``'s checkpoint file: sync's own, or that of an async/quorum generation."""
     if generation is None:
