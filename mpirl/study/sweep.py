@@ -355,12 +355,33 @@ def link_bytes(cluster) -> dict:
 
 def write_links(run_dir: Path, cluster, before: dict) -> None:
     """``links.json`` in the run directory: bytes each node sent and received through its
-    link during the point (the launcher's own traffic included: a few KB)."""
+    link during the point (the launcher's own traffic included: a few KB), added to
+    those of the point's earlier attempts if it was resumed (:func:`merge_links`)."""
     after = link_bytes(cluster)
-    (run_dir / "links.json").write_text(json.dumps(
-        {"rate": cluster.rate, "nodes": {h: {k: after[h][k] - before[h][k]
-                                             for k in ("sent", "received")} for h in after}},
-        indent=1))
+    moved = {h: {k: after[h][k] - before[h][k] for k in ("sent", "received")} for h in after}
+    path = run_dir / "links.json"
+    earlier = json.loads(path.read_text()) if path.is_file() else None
+    path.write_text(json.dumps(merge_links(earlier, cluster.rate, moved), indent=1))
+
+
+def merge_links(earlier: dict | None, rate: str, moved: dict) -> dict:
+    """``links.json``'s content after an attempt that moved ``moved`` (per node: bytes
+    ``sent`` and ``received``) at the link cap ``rate``: ``attempts`` lists each attempt's
+    cap and bytes, oldest first; ``nodes`` sums them per node; ``rate`` is the cap ("mixed"
+    where attempts ran at different caps).  ``earlier``: the file before this attempt
+    (None for a point's first; one written without ``attempts`` counts as one)."""
+    attempts = [] if earlier is None else \
+        earlier.get("attempts", [{"rate": earlier["rate"], "nodes": earlier["nodes"]}])
+    attempts = [*attempts, {"rate": rate, "nodes": moved}]
+    nodes: dict[str, dict[str, int]] = {}
+    for one in attempts:
+        for host, bytes_ in one["nodes"].items():
+            total = nodes.setdefault(host, {"sent": 0, "received": 0})
+            for k in total:
+                total[k] += bytes_[k]
+    rates = {one["rate"] for one in attempts}
+    return {"rate": rates.pop() if len(rates) == 1 else "mixed", "nodes": nodes,
+            "attempts": attempts}
 
 
 def _project_root() -> Path:

@@ -300,14 +300,17 @@ def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: l
     """Rank 0: create ``run.h5`` with the run's metadata and links to every rank's file."""
     cores_of = dict(zip(hostnames, cores, strict=True))
     oversubscribed = _oversubscribed(hostnames, cores)
+    first = attempt(hostnames, cores, from_update=None)
     with h5py.File(run_file(run_dir), "w", libver=LIBVER) as f:
         f.attrs.update(schema=SCHEMA_VERSION, mpirl_version=version, git_commit=git_commit(),
                        mpi_library=mpi_library, world_size=world_size, mode=config["mode"],
                        topology=config["topology"], env=config["env"],
                        config_json=json.dumps(config), hostnames_json=json.dumps(hostnames),
                        cores_per_node_json=json.dumps(cores_of), oversubscribed=oversubscribed,
-                       start_unix_s=time.time(), scheduler_json=json.dumps(scheduler_info()),
-                       cluster_json=json.dumps(cluster_info(hostnames)))
+                       start_unix_s=first["start_unix_s"],
+                       scheduler_json=json.dumps(first["scheduler"]),
+                       cluster_json=json.dumps(first["cluster"]),
+                       attempts_json=json.dumps([first]))
         ranks = f.create_group("ranks")
         for r in range(world_size):
             ranks[f"{r:04d}"] = h5py.ExternalLink(f"rank{r:04d}.h5", "/")
@@ -340,6 +343,42 @@ def cluster_info(hostnames: list[str]) -> dict:
     for host in hostnames:
         per_host[host] = per_host.get(host, 0) + 1
     return {**info, "ranks_on": per_host}
+
+
+def attempt(hostnames: list[str], cores: list[int], from_update: int | None) -> dict:
+    """One start of a run, as ``attempts_json`` of run.h5 lists it: when, on which hosts
+    (one per rank), with how many cores each, under which scheduler job and on which
+    emulated cluster and placement; ``from_update``: the update a resumed sync run went
+    on from (None for the first start, and for a parameter server's run, which resumes
+    from a checkpoint generation)."""
+    return {"start_unix_s": time.time(), "from_update": from_update,
+            "hostnames": hostnames, "cores_per_node": dict(zip(hostnames, cores, strict=True)),
+            "scheduler": scheduler_info(), "cluster": cluster_info(hostnames)}
+
+
+def note_attempt(run_dir: Path, hostnames: list[str], cores: list[int],
+                 from_update: int | None) -> None:
+    """Rank 0 of a resumed run: add this start to run.h5's ``attempts_json`` (the
+    top-level ``hostnames_json``, ``scheduler_json`` and ``cluster_json`` stay the first
+    start's; a resume may land on other hosts, another job, another placement).  A file
+    written before ``attempts_json`` existed gets its first start rebuilt from those (what
+    it has of them).  Without run.h5 there is nothing to add to: a warning, and the run
+    goes on (metadata never stops a resume)."""
+    path = run_file(run_dir)
+    if not path.is_file():
+        print(f"mpirl: warning: {path} is missing; this start is not recorded", flush=True)
+        return
+    with h5py.File(path, "r+", libver=LIBVER, locking=False) as f:
+        if "attempts_json" in f.attrs:
+            attempts = json.loads(f.attrs["attempts_json"])
+        else:
+            old = {key: json.loads(f.attrs.get(f"{key}_json", empty)) for key, empty in
+                   (("hostnames", "[]"), ("cores_per_node", "{}"), ("scheduler", "{}"),
+                    ("cluster", "{}"))}
+            attempts = [{"start_unix_s": float(f.attrs.get("start_unix_s", 0.0)),
+                         "from_update": None, **old}]
+        attempts.append(attempt(hostnames, cores, from_update))
+        f.attrs["attempts_json"] = json.dumps(attempts)
 
 
 def finish_run_file(run_dir: Path, totals: dict) -> None:
@@ -383,5 +422,5 @@ def _oversubscribed(hostnames: list[str], cores: list[int]) -> bool:
 
 
 __all__ = ["EPISODE_DTYPE", "FAILURE_DTYPE", "LIBVER", "RankLog", "SIM_STEP_DTYPE", "TABLES",
-           "UPDATE_DTYPE", "finish_run_file", "scheduler_info", "write_bench_file",
-           "write_run_file"]
+           "UPDATE_DTYPE", "attempt", "finish_run_file", "note_attempt", "scheduler_info",
+           "write_bench_file", "write_run_file"]

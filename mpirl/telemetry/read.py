@@ -117,7 +117,8 @@ def _read_meta(path: Path) -> dict:
     if not OLDEST_READABLE <= schema <= SCHEMA_VERSION:
         raise ValueError(f"{path}/run.h5 has log schema {schema}; this reader reads schemas "
                          f"{OLDEST_READABLE}-{SCHEMA_VERSION}")
-    for key in ("config_json", "hostnames_json", "cores_per_node_json", "ranks_failed_json"):
+    for key in ("config_json", "hostnames_json", "cores_per_node_json", "ranks_failed_json",
+                "attempts_json"):
         if key in meta:
             meta[key.removesuffix("_json")] = json.loads(meta.pop(key))
     return meta

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from .. import __version__
 from ..launch import cpu_count, mpi_library
 from . import tensorboard
-from .h5log import RankLog, finish_run_file, write_run_file
+from .h5log import RankLog, finish_run_file, note_attempt, write_run_file
 from .schema import LOSSES
 from .timing import PhaseTimer, add_phases
 
@@ -53,6 +53,8 @@ class RunLogger:
             write_run_file(run_dir, config=cfg.to_dict(), world_size=comm.Get_size(),
                            hostnames=hosts, cores=cores, version=__version__,
                            mpi_library=mpi_library())
+        elif comm.Get_rank() == 0:
+            note_attempt(run_dir, hosts, cores, resume_update)
         self.run_dir = run_dir
         self.rank = comm.Get_rank()
         self.log = RankLog(run_dir, self.rank, role, cfg.log_flush_every, resume_update,

@@ -11,7 +11,10 @@ Layout of a run directory:
     ``cluster_json`` (``ranks_on``: ranks per host; on an emulated cluster also its
     ``name``, the job's ``nodes``, the link cap ``rate``, ``ranks_per_node``,
     ``placement``, ``mpi``),
-    ``start_unix_s``, ``end_unix_s`` (absent if the run did not finish),
+    ``start_unix_s``, ``attempts_json`` (each start of the run, the first and every
+    resume: ``start_unix_s``, ``from_update``, ``hostnames``, ``cores_per_node``,
+    ``scheduler``, ``cluster``; the top-level host, scheduler and cluster attrs are the
+    first start's), ``end_unix_s`` (absent if the run did not finish),
     ``gradients_sent`` / ``gradients_applied`` / ``gradients_dropped`` (at the end),
     ``ranks_failed_json`` (launch ranks lost and survived, ``--on-failure shrink``).
     At the end these are written by the lowest surviving rank.

@@ -19,6 +19,7 @@ from conftest import BATCH, launch_runs
 from mpirl.config import Config
 from mpirl.resilience import checkpoint
 from mpirl.resilience.sentinel import read_status, status_dir
+from mpirl.telemetry.read import load_run
 from mpirun import run_mpi, start_mpi
 
 RUN = ["--total-steps", "2560", *BATCH, "--checkpoint-every", "5", "--log-flush-every", "7"]
@@ -53,6 +54,16 @@ def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
             assert list(updates) == list(range(1, full["updates"] + 1))   # none twice, none lost
             assert np.array_equal(f["episodes"]["return"], g["episodes"]["return"])
             assert np.all(np.diff(f["updates"]["t_s"]) > 0)   # one clock across the resume
+    # run.h5 lists each start: the first, then the resume from the last checkpoint (every
+    # 5th update) before update 37, on this machine's host for each of the 3 ranks
+    with h5py.File(tmp_path / "cut" / "run.h5", "r") as f, \
+            h5py.File(tmp_path / "full" / "run.h5", "r") as g:
+        starts, once = json.loads(f.attrs["attempts_json"]), json.loads(g.attrs["attempts_json"])
+        assert [a["from_update"] for a in starts] == [None, 35] and len(once) == 1
+        assert starts[0]["hostnames"] == json.loads(f.attrs["hostnames_json"])
+        assert all(len(a["hostnames"]) == 3 and a["cluster"]["ranks_on"] for a in starts)
+        assert starts[0]["start_unix_s"] == f.attrs["start_unix_s"] < starts[1]["start_unix_s"]
+    assert load_run(tmp_path / "cut").meta["attempts"] == starts       # as analysis reads it
 
 
 def test_ctrl_c_checkpoints_on_every_rank_and_the_run_resumes(tmp_path):

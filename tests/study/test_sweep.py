@@ -77,6 +77,29 @@ def test_a_cluster_that_is_not_up_stops_the_sweep_before_it_writes(tmp_path, cap
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
+def test_a_resumed_points_link_bytes_add_up_over_its_attempts():
+    """links.json after each attempt of a point on the emulated cluster: every attempt
+    listed, their bytes summed per node (a node only one attempt used included), the cap
+    named once, or "mixed"; a file from before ``attempts`` existed counts as one."""
+    first = sweep.merge_links(None, "100mbit", {"node0": {"sent": 5, "received": 7}})
+    assert first == {"rate": "100mbit", "nodes": {"node0": {"sent": 5, "received": 7}},
+                     "attempts": [{"rate": "100mbit",
+                                   "nodes": {"node0": {"sent": 5, "received": 7}}}]}
+    second = sweep.merge_links(json.loads(json.dumps(first)), "100mbit",
+                               {"node0": {"sent": 1, "received": 2},
+                                "node1": {"sent": 3, "received": 4}})
+    assert second["nodes"] == {"node0": {"sent": 6, "received": 9},
+                               "node1": {"sent": 3, "received": 4}}
+    assert second["rate"] == "100mbit" and len(second["attempts"]) == 2
+    assert second["attempts"][0] == first["attempts"][0]
+    third = sweep.merge_links(second, "1gbit", {"node1": {"sent": 10, "received": 0}})
+    assert third["rate"] == "mixed" and third["nodes"]["node1"] == {"sent": 13, "received": 4}
+    old = {"rate": "1gbit", "nodes": {"node0": {"sent": 8, "received": 8}}}
+    merged = sweep.merge_links(old, "1gbit", {"node0": {"sent": 2, "received": 2}})
+    assert merged["nodes"]["node0"] == {"sent": 10, "received": 10}
+    assert [a["nodes"]["node0"]["sent"] for a in merged["attempts"]] == [8, 2]
+
+
 def test_grid_union_names_and_validation(tmp_path):
     s = sweep.load(write(tmp_path, TINY_SWEEP))
     assert [p.name for p in s.points] == EXPECTED

@@ -204,3 +204,38 @@ def test_h5dump_reads_run_and_rank_files(tiny_sweep):
     for column in ("exchange_t_s", "wait_s", "other_s", "log_s"):
         assert f'"{column}"' in header
     assert "(0): {" in dump("-d", "/updates", "-c", "1", "rank0001.h5")
+
+
+def test_each_start_of_a_run_is_listed_also_in_a_file_from_before_the_list(tmp_path, capsys):
+    """run.h5 lists the first start in ``attempts_json``; a resume adds its own (other
+    hosts here), the top-level attrs staying the first start's; a file written before
+    ``attempts_json`` existed gets its first start rebuilt from those attrs; without
+    run.h5 a resume is warned of and goes on."""
+    from mpirl.telemetry.h5log import note_attempt, write_run_file
+
+    for old in (False, True):
+        run = tmp_path / f"old{old}"
+        run.mkdir()
+        write_run_file(run, config={"mode": "sync", "topology": "ring", "env": "CartPole-v1"},
+                       world_size=2, hostnames=["a", "a"], cores=[2, 2], mpi_library="MPICH",
+                       version="0")
+        if old:     # from before attempts_json, and before cluster_json too
+            with h5py.File(run / "run.h5", "a") as f:
+                del f.attrs["attempts_json"], f.attrs["cluster_json"]
+        note_attempt(run, ["b", "c"], [4, 4], from_update=35)
+        with h5py.File(run / "run.h5", "r") as f:
+            starts = json.loads(f.attrs["attempts_json"])
+            assert json.loads(f.attrs["hostnames_json"]) == ["a", "a"]
+            first = starts[0]
+            assert first["start_unix_s"] == f.attrs["start_unix_s"]
+            assert first["cluster"] == ({} if old else json.loads(f.attrs["cluster_json"]))
+        assert [s["from_update"] for s in starts] == [None, 35]
+        assert [s["hostnames"] for s in starts] == [["a", "a"], ["b", "c"]]
+        assert starts[1]["cores_per_node"] == {"b": 4, "c": 4}
+        assert starts[1]["cluster"]["ranks_on"] == {"b": 1, "c": 1}
+        assert starts[1]["start_unix_s"] >= first["start_unix_s"]
+    gone = tmp_path / "gone"            # no run.h5: said, nothing created, no error
+    gone.mkdir()
+    note_attempt(gone, ["b"], [4], from_update=5)
+    assert "is missing; this start is not recorded" in capsys.readouterr().out
+    assert not (gone / "run.h5").exists()
