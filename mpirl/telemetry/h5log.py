@@ -298,7 +298,6 @@ class RankLog:
 def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: list[str],
                    cores: list[int], mpi_library: str, version: str) -> None:
     """Rank 0: create ``run.h5`` with the run's metadata and links to every rank's file."""
-    cores_of = dict(zip(hostnames, cores, strict=True))
     oversubscribed = _oversubscribed(hostnames, cores)
     first = attempt(hostnames, cores, from_update=None)
     with h5py.File(run_file(run_dir), "w", libver=LIBVER) as f:
@@ -306,8 +305,8 @@ def write_run_file(run_dir: Path, *, config: dict, world_size: int, hostnames: l
                        mpi_library=mpi_library, world_size=world_size, mode=config["mode"],
                        topology=config["topology"], env=config["env"],
                        config_json=json.dumps(config), hostnames_json=json.dumps(hostnames),
-                       cores_per_node_json=json.dumps(cores_of), oversubscribed=oversubscribed,
-                       start_unix_s=first["start_unix_s"],
+                       cores_per_node_json=json.dumps(first["cores_per_node"]),
+                       oversubscribed=oversubscribed, start_unix_s=first["start_unix_s"],
                        scheduler_json=json.dumps(first["scheduler"]),
                        cluster_json=json.dumps(first["cluster"]),
                        attempts_json=json.dumps([first]))

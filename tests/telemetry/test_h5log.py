@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import BATCH, launch_runs
+from mpirl.telemetry.h5log import note_attempt, write_run_file
 from mpirl.telemetry.read import open_run, read_h5
 from mpirl.telemetry.schema import PHASES, UPDATE_DTYPE
 from mpirun import start_mpi
@@ -211,8 +212,6 @@ def test_each_start_of_a_run_is_listed_also_in_a_file_from_before_the_list(tmp_p
     hosts here), the top-level attrs staying the first start's; a file written before
     ``attempts_json`` existed gets its first start rebuilt from those attrs; without
     run.h5 a resume is warned of and goes on."""
-    from mpirl.telemetry.h5log import note_attempt, write_run_file
-
     for old in (False, True):
         run = tmp_path / f"old{old}"
         run.mkdir()
