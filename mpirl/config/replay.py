@@ -18,8 +18,8 @@ class ReplayFields:
                              "actors (sharded by actor)", default=1)
     replay_capacity: int = doc("apex/gorila: transitions a replay holds (apex: over all "
                                 "shards, split evenly); FIFO eviction", default=50_000)
-    replay_alpha: float = doc("prioritized replay: priority exponent alpha (0 = uniform)",
-                               default=0.6)
+    replay_alpha: float = doc("prioritized replay: priority exponent alpha (0 = uniform: "
+                              "no priorities computed)", default=0.6)
     replay_beta: float = doc("prioritized replay: importance-sampling exponent beta at the "
                               "start", default=0.4)
     beta_anneal_steps: int = doc("learner updates over which beta anneals linearly to 1; "

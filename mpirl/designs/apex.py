@@ -64,7 +64,7 @@ from ..parts.actor import Actor
 from ..parts.records import Fields
 from ..parts.learner.dqn import DqnLearner, nstep_transitions
 from ..parts.replay import beta_at
-from ..parts.transitions import BATCH_META, TransitionLayout, as_batch
+from ..parts.transitions import BATCH_META, TransitionLayout, as_batch, initial_priorities
 from ..resilience.guard import Guard
 from ..resilience.schedule import Schedule, ScheduleDiverged
 from ..telemetry.progress import Progress
@@ -157,8 +157,7 @@ class ApexActor:
             rewards = rollout.rewards + cfg.gamma * rollout.boot
             trans = nstep_transitions(rollout.obs, rollout.actions, rewards, rollout.dones,
                                       actor.obs, cfg.n_step, cfg.gamma)
-            prios = self.learner.initial_priorities(trans["obs"], trans["action"], trans["ret"],
-                                                    trans["disc"], trans["next_obs"])
+            prios = initial_priorities(self.learner, trans, cfg.replay_alpha)
         finished = actor.drain_episodes()
         index = self.to_replay.sent + 1
         self.episodes.add(finished)

@@ -61,7 +61,7 @@ from ..kit.memory import LocalMemory
 from ..kit.replayservice import BlockSender, SampleClient, replay_warmup
 from ..kit.shards import GORILA_META, ShardComms, run_sharded
 from ..parts.replay import beta_at
-from ..parts.transitions import BATCH_META, TransitionLayout, as_batch
+from ..parts.transitions import BATCH_META, TransitionLayout, as_batch, initial_priorities
 from ..resilience.guard import Guard
 from ..resilience.schedule import BATCH, Schedule
 from ..telemetry.runlog import RunLogger
@@ -198,8 +198,7 @@ class GorilaWorker:
         rollout = actor.collect(self.policy, cfg.rollout_steps, timer)
         with timer("backward_s"):
             trans = self.learner.transitions(rollout, actor.obs)
-            prios = self.learner.initial_priorities(trans["obs"], trans["action"], trans["ret"],
-                                                    trans["disc"], trans["next_obs"])
+            prios = initial_priorities(self.learner, trans, cfg.replay_alpha)
         self.inserted += self.memory.insert(trans, prios, self.pushes, timer)
         self.rollouts += 1
         finished = actor.drain_episodes()

@@ -35,7 +35,7 @@ from ..kit.common import (Episodes, Summary, build_dqn, close_run, comm_share, p
                           reached_target, start_replica, sum_over_ranks)
 from ..kit.memory import LocalMemory
 from ..parts.replay import beta_at
-from ..parts.transitions import TransitionLayout
+from ..parts.transitions import TransitionLayout, initial_priorities
 from ..resilience.guard import Guard
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
@@ -107,8 +107,7 @@ class ReplayReplica:
         """The rollout's transitions, with initial priorities from this replica."""
         with self.timer("replay_s"):
             t = transitions
-            prios = self.learner.initial_priorities(t["obs"], t["action"], t["ret"],
-                                                    t["disc"], t["next_obs"])
+            prios = initial_priorities(self.learner, t, self.cfg.replay_alpha)
             self.rollout_inserted = self.memory.insert(t, prios, self.update, self.timer)
         self.rollouts += 1
         self.env_steps += self.size * self.cfg.steps_per_batch

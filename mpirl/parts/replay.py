@@ -324,7 +324,8 @@ class PrioritizedReplay:
                              "one per index")
         prio = self._seen(_as_priorities(priorities, len(idx)))
         live = self.stamp[idx] == stamps
-        self._tree.update(idx[live], self._stored(prio[live]))
+        if self.alpha:       # at alpha 0 every stored priority is 1 and stays 1: no change
+            self._tree.update(idx[live], self._stored(prio[live]))
         skipped = len(idx) - int(live.sum())
         self.updated += len(idx) - skipped
         self.stale_updates += skipped

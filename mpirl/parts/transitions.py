@@ -3,7 +3,8 @@
 One transition is a numpy structured record (:meth:`TransitionLayout.transition`):
 the observation, the action, the n-step return, the discount that multiplies the
 bootstrap value (0 past an episode's end), the observation to bootstrap from, the
-actor's initial priority (its |n-step TD error|) and the parameter version that acted.
+actor's initial priority (its |n-step TD error|; 1 at ``--replay-alpha 0``) and the
+parameter version that acted.
 Every field is 4 bytes wide, so a field of a record array is a strided view torch can
 wrap (no int64 at an odd offset).
 
@@ -70,6 +71,17 @@ def fill(records: np.ndarray, transitions: dict, priorities: np.ndarray, version
     out["prio"] = priorities
     out["version"] = version
     return n
+
+
+def initial_priorities(learner, trans: dict, alpha: float) -> np.ndarray:
+    """The priorities new transitions enter a replay with: ``learner``'s ``|td|`` from
+    the actor's copy (Ape-X), or ones where the priority exponent ``alpha`` is 0.  There
+    every stored priority is ``(|p| + eps) ** 0 = 1`` whatever ``p``, so the forward
+    passes would change nothing: the same samples, weights and parameters, bit for bit."""
+    if alpha == 0:
+        return np.ones(len(trans["ret"]), np.float32)
+    return learner.initial_priorities(trans["obs"], trans["action"], trans["ret"],
+                                      trans["disc"], trans["next_obs"])
 
 
 def as_batch(trans: np.ndarray, weights: np.ndarray | None = None) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ from torch.distributions import Independent, Normal, TransformedDistribution
 from torch.distributions.transforms import AffineTransform, TanhTransform
 
 from mpirl.parts.learner.sac import SacLearner, sac_terms
+from mpirl.parts.transitions import initial_priorities
 
 OBS = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = gymnasium.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
@@ -40,6 +41,15 @@ def batch(n=32, seed=0):
     action = torch.stack([f(n) * 2.0, (f(n) + 1.0) / 2.0], dim=1)
     return {"obs": f(n, 3), "action": action, "ret": f(n), "disc": torch.full((n,), 0.99),
             "next_obs": f(n, 3)}
+
+
+def test_initial_priorities_are_the_learners_td_except_at_alpha_zero():
+    lrn = SacLearner(config(), OBS, ACT)
+    b = batch()
+    want = lrn.initial_priorities(b["obs"], b["action"], b["ret"], b["disc"], b["next_obs"])
+    assert want.dtype == np.float32 and (want > 0).all() and len(set(want.tolist())) > 1
+    np.testing.assert_array_equal(initial_priorities(lrn, b, 0.6), want)
+    np.testing.assert_array_equal(initial_priorities(lrn, b, 0.0), np.ones(32, np.float32))
 
 
 def test_log_probability_is_the_squashed_gaussians():
