@@ -74,7 +74,7 @@ def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, text):
     ("impala", "2x4:cyclic", "training-2x4-cyclic"),
     ("impala", "4x2", "training-4x2"), ("impala", "2x4", "training-2x4"),
     ("apex", "4x2:cyclic", "training-apex-4x2-cyclic"),
-    ("apex", "2x4:cyclic", "training-apex-2x4-cyclic")])
+    ("apex", "2x4:cyclic", "training-apex-2x4-cyclic"), ("apex", "2x4", "training-apex-2x4")])
 def test_training_tables_rewrite_byte_for_byte_from_their_json(tmp_path, mode, text, table):
     """experiments/bench_delivery_training.py --rewrite on a copy of a committed table's
     JSON writes the committed table (each layout and mode its own files)."""
