@@ -77,7 +77,9 @@ def initial_priorities(learner, trans: dict, alpha: float) -> np.ndarray:
     """The priorities new transitions enter a replay with: ``learner``'s ``|td|`` from
     the actor's copy (Ape-X), or ones where the priority exponent ``alpha`` is 0.  There
     every stored priority is ``(|p| + eps) ** 0 = 1`` whatever ``p``, so the forward
-    passes would change nothing: the same samples, weights and parameters, bit for bit."""
+    passes would change nothing: the same samples, weights and parameters, bit for bit,
+    given the same order of events (a NaN ``|td|`` is then caught where the learner's
+    priorities arrive, not here)."""
     if alpha == 0:
         return np.ones(len(trans["ret"]), np.float32)
     return learner.initial_priorities(trans["obs"], trans["action"], trans["ret"],

@@ -176,26 +176,37 @@ def test_alpha_zero_samples_uniformly_with_unit_weights():
     assert_binomial(counts, np.full(len(priorities), 1 / len(priorities)))
 
 
-def test_at_alpha_zero_priorities_change_nothing_a_sample_depends_on():
+@pytest.mark.parametrize("alpha", [0.0, -0.0])
+def test_at_alpha_zero_priorities_change_nothing_a_sample_depends_on(alpha):
     """At alpha 0 the priorities given (at insertion or by updates) are not stored (every
     one is 1): a replay fed TD errors and one fed ones sample the same slots with the same
-    weights, bit for bit, and both count the updates."""
+    weights, bit for bit, and both count the updates, the stale ones (their slot
+    overwritten between the sample and the update) apart."""
     rng = np.random.default_rng(5)
-    told, ones = (PrioritizedReplay(40, FIELDS, alpha=0.0) for _ in range(2))
+    told, ones = (PrioritizedReplay(40, FIELDS, alpha=alpha) for _ in range(2))
     draws = [np.random.default_rng(9) for _ in range(2)]
-    for step in range(30):
-        batch, prios = records(7 * step, 7), rng.exponential(3.0, 7)
-        told.add(batch, prios)
+    first = 0
+
+    def add_both(k: int) -> None:
+        nonlocal first
+        batch = records(first, k)
+        told.add(batch, rng.exponential(3.0, k))
         ones.add(batch, 1.0)
+        first += k
+
+    for _ in range(30):
+        add_both(7)
         got = [r.sample(16, d, beta=0.4) for r, d in zip((told, ones), draws, strict=True)]
         for a, b in zip(*got, strict=True):
             np.testing.assert_array_equal(a, b)
+        add_both(3)                        # overwrites slots once the ring is full
         told.update_priorities(got[0][0], got[0][1], rng.exponential(3.0, 16))
         ones.update_priorities(got[1][0], got[1][1], 1.0)
         np.testing.assert_array_equal(told.priorities(np.arange(len(told))),
                                       np.ones(len(told)))
     assert told.updated + told.stale_updates == ones.updated + ones.stale_updates == 30 * 16
-    assert told.stale_updates == ones.stale_updates
+    assert told.stale_updates == ones.stale_updates > 0
+    assert told.updated == ones.updated > 0
     with pytest.raises(ValueError, match="finite"):
         told.update_priorities(got[0][0], got[0][1], np.full(16, np.nan))
 

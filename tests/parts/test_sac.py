@@ -50,6 +50,8 @@ def test_initial_priorities_are_the_learners_td_except_at_alpha_zero():
     assert want.dtype == np.float32 and (want > 0).all() and len(set(want.tolist())) > 1
     np.testing.assert_array_equal(initial_priorities(lrn, b, 0.6), want)
     np.testing.assert_array_equal(initial_priorities(lrn, b, 0.0), np.ones(32, np.float32))
+    # no learner is asked at alpha 0: no forward pass at all
+    np.testing.assert_array_equal(initial_priorities(None, b, 0.0), np.ones(32, np.float32))
 
 
 def test_log_probability_is_the_squashed_gaussians():
