@@ -39,6 +39,12 @@ distribution; ``python -m mpirl.cluster exec --placement cyclic``), and adds a w
 
 Its tables go to ``training[-apex]-NxP[-cyclic].md`` and ``.json``.
 
+apex's push replies move on the learner's progress thread (``--reply-progress thread``,
+the default); ``--push-calls`` adds the way ``push-calls`` (``--reply-progress calls``:
+only inside the learner's own MPI calls, as every apex table measured before the thread;
+at ``--layout 4x2`` in blocks it does not end).  Each run records which it had, and a
+table says so.
+
 The ways alternate (ABAB: the same conditions for both), ``--trials`` of each per link
 rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
 wall time, learner updates/s, the actors' env share (the rest is waiting on their sends
@@ -69,6 +75,8 @@ APEX_WAYS = {**WAYS, "ring-every-4": [*RING, "--refresh-every", "4"]}
 #: on nodes of several ranks: the two-level broadcast, a ring among the node leaders
 TWO_LEVEL = {"hierarchical:ring": ["--param-delivery", "broadcast", "--topology",
                                    "hierarchical", "--inner", "ring"]}
+#: apex's push with its replies moving only inside the learner's MPI calls
+PUSH_CALLS = {"push-calls": ["--reply-progress", "calls"]}
 #: per mode: the flags that pick it, its actors, the output files' suffix, its ways
 MODES = {"impala": (["--mode", "impala"], RANKS - 1, "", WAYS),
          "apex": (["--mode", "apex", "--replay-ranks", "1"], RANKS - 2, "-apex", APEX_WAYS)}
@@ -105,7 +113,9 @@ def measure(run: Path, actors: int) -> dict:
                          f"broadcasts sent, {s['broadcasts_received']} joined")
     u = load_run(run).updates
     learner = u[u["rank"] == 0]
-    return {"steps_per_s": s["env_steps"] / s["wall_s"],
+    config = (run / "config.yaml").read_text()
+    return {"reply_progress": "thread" if "reply_progress: thread" in config else "calls",
+            "steps_per_s": s["env_steps"] / s["wall_s"],
             "updates_per_s": s["updates"] / s["wall_s"],
             "actor_env_share": s["actor_env_share"], "policy_lag": s["mean_policy_lag"],
             "learner_mib_per_update": float(learner["bytes_sent"].sum()) / s["updates"] / 2**20,
@@ -123,6 +133,8 @@ def main() -> int:
     parser.add_argument("--layout", default="8x1",
                         help="NODESxPER[:cyclic] for the 8 ranks (default 8x1; several ranks "
                              "per node add the hierarchical:ring way)")
+    parser.add_argument("--push-calls", action="store_true",
+                        help="apex: add the way push-calls (--reply-progress calls)")
     parser.add_argument("--rewrite", action="store_true",
                         help="rewrite the mode's and layout's table (.md) from its .json "
                              "under --out, running nothing")
@@ -130,7 +142,8 @@ def main() -> int:
     nodes, per, order = layout(args.layout)
     out = (ROOT / args.out).resolve()
     _, actors, _, ways = MODES[args.mode]
-    ways = {**ways, **(TWO_LEVEL if per > 1 else {})}
+    ways = {**ways, **(TWO_LEVEL if per > 1 else {}),
+            **(PUSH_CALLS if args.push_calls and args.mode == "apex" else {})}
     table = out / f"{stem(args.mode, args.layout)}.json"
     if args.rewrite:
         write(out, json.loads(table.read_text()), args)
@@ -193,7 +206,8 @@ def write(out: Path, results: dict, args) -> None:
              "| steps/s over push's |",
              "|---|---|---|---|---|---|---|---|"]
     for rate, by_way in results.items():
-        med = {way: {k: float(np.median([t[k] for t in runs])) for k in runs[0]}
+        med = {way: {k: float(np.median([t[k] for t in runs])) for k in runs[0]
+                      if k != "reply_progress"}
                for way, runs in by_way.items()}
         for way in by_way:          # as measured (an older table has fewer ways)
             m = med[way]
@@ -204,6 +218,14 @@ def write(out: Path, results: dict, args) -> None:
     lines += ["", "Env steps/s, run by run: " + "; ".join(
         f"{rate} {way} " + " / ".join(f"{t['steps_per_s']:.0f}" for t in runs)
         for rate, by_way in results.items() for way, runs in by_way.items()) + "."]
+    if args.mode == "apex":
+        progress = results[RATES[0]]["push"][0].get("reply_progress", "calls")
+        lines += ["", "The push's replies moved " + (
+            "on the learner's progress thread (`--reply-progress thread`, the default)"
+            if progress == "thread" else "only inside the learner's own MPI calls (measured "
+            "before the learner's progress thread: `--reply-progress calls` now)")
+            + ("; `push-calls`: `--reply-progress calls`" if any(
+                "push-calls" in by_way for by_way in results.values()) else "") + "."]
     if per > 1:
         lines += ["", "Learner MiB sent: every byte rank 0 sent, to ranks on its own node "
                   "(shared memory) as well as over its link."]

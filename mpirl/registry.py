@@ -212,7 +212,7 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            deciding=lambda cfg, size: list(range(1 + cfg.replay_ranks)),
            ledgers=("transitions", "lag", "delivery"), lagged=True,
            options=("replay_ranks", "train_intensity", "actor_refresh_steps",
-                    "param_delivery", "refresh_every")),
+                    "param_delivery", "refresh_every", "reply_progress")),
     Design("gorila", "mpirl.designs.gorila:run_gorila",
            "ranks 0..S-1 hold parameter shards (--servers S), the others learn n-step "
            "double DQN from a local replay or replay ranks (--gorila-replay): Gorila",

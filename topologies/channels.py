@@ -13,6 +13,11 @@ of its own, no pickling.
   that has arrived (what a batching inference server drains).  A reply re-arms that
   client's receive (if its request was taken: a reply before any request, such as the
   first parameters, arms nothing), except a reply with ``last=True`` (a STOP).
+* MPI moves a large reply's bytes (a rendezvous over TCP, say) only while its sender is
+  inside an MPI call.  A server that computes between calls (a learner whose batches
+  are always there) would hold its replies: with ``progress=True`` a thread of the
+  server's own tests the replies in flight (polling with a back-off, idle when none is),
+  so they travel while the server computes (ranks run at MPI_THREAD_MULTIPLE).
 * A reply may be shorter than the client's reply buffer (a prefix: an acknowledgement
   without parameters); the client learns its length and tag from the probe.
 
@@ -22,6 +27,10 @@ neighbours need.
 """
 
 from __future__ import annotations
+
+import atexit
+import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -34,6 +43,8 @@ TAG_REQUEST = 61
 #: as SEED's actors wait once per env step (measured, seed at 4 ranks on 2 cores:
 #: 3.2-3.5k env steps/s with 0.1 ms, 2.1-2.8k with 1 ms, no better with 0.02 ms)
 PAUSE_S = 1e-4
+#: longest sleep between a progress thread's tests of the replies in flight
+PROGRESS_PAUSE_S = 1e-3
 
 
 def as_bytes(record: np.ndarray) -> np.ndarray:
@@ -47,12 +58,19 @@ class ChannelServer:
     """The server's end: one pre-posted receive of ``nbytes`` per client."""
 
     def __init__(self, comm: MPI.Comm, clients: list[int], nbytes: int, *,
-                 tag: int = TAG_REQUEST) -> None:
+                 tag: int = TAG_REQUEST, progress: bool = False) -> None:
         self.comm, self.clients, self.tag = comm, list(clients), tag
         self.stats = CommStats()
         self.buffers = {c: np.empty(nbytes, dtype=np.uint8) for c in self.clients}
         self._recv = [self._post(c) for c in self.clients]
         self._send: dict[int, MPI.Request] = {}
+        #: replies completed by the progress thread (not by a wait of the server's own)
+        self.progressed = 0
+        self._progress: _ReplyProgress | None = None
+        if progress:
+            if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+                raise TopologyError("channel: a progress thread needs MPI_THREAD_MULTIPLE")
+            self._progress = _ReplyProgress(self)
 
     def _post(self, client: int) -> MPI.Request:
         return self.comm.Irecv([self.buffers[client], MPI.BYTE], client, self.tag)
@@ -92,7 +110,10 @@ class ChannelServer:
         for the client's next request, unless this is its ``last`` reply."""
         self._finish(client)
         data = as_bytes(message)
-        self._send[client] = self.comm.Isend([data, MPI.BYTE], client, tag)
+        with self._lock:
+            self._send[client] = self.comm.Isend([data, MPI.BYTE], client, tag)
+        if self._progress is not None:
+            self._progress.wake.set()
         self.stats.calls += 1
         self.stats.messages_sent += 1
         self.stats.bytes_sent += data.size
@@ -104,8 +125,15 @@ class ChannelServer:
         """Clients whose receive is armed (a request of theirs is still expected)."""
         return [c for c, r in zip(self.clients, self._recv, strict=True) if r != MPI.REQUEST_NULL]
 
+    @property
+    def _lock(self) -> threading.Lock:
+        """Held while a request of ``_send`` is started, taken out or tested (the progress
+        thread tests them too, and MPI forbids two threads testing one request)."""
+        return _NO_LOCK if self._progress is None else self._progress.lock
+
     def _finish(self, client: int) -> None:
-        req = self._send.pop(client, None)
+        with self._lock:
+            req = self._send.pop(client, None)
         if req is not None:
             req.Wait()
 
@@ -114,10 +142,76 @@ class ChannelServer:
         waiting = self.pending()
         if waiting:
             raise TopologyError(f"channel closed with requests of ranks {waiting} expected")
+        if self._progress is not None:
+            self._progress.stop()
         sends = list(self._send.values())
         _wait_until(lambda: MPI.Request.Testall(sends), timeout_s,
                     "channel: clients did not take their last reply")
         self._send.clear()
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+class _ReplyProgress:
+    """A server's progress thread: while replies are in flight, test them (``Testsome``,
+    under the server's lock) with a polling back-off up to :data:`PROGRESS_PAUSE_S`,
+    dropping the finished ones; asleep while none is in flight.  Stopped by the server's
+    ``close``, or at interpreter exit (before mpi4py finalizes MPI)."""
+
+    def __init__(self, server: ChannelServer) -> None:
+        self.server = server
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self._stopping = False
+        self.thread = threading.Thread(target=self._run, name="mpirl-reply-progress",
+                                       daemon=True)
+        self.thread.start()
+        atexit.register(self.stop)
+
+    def _sweep(self) -> bool:
+        """Test the replies in flight once; True while some remain."""
+        sends = self.server._send
+        with self.lock:
+            if sends:
+                reqs = list(sends.values())
+                done = MPI.Request.Testsome(reqs)    # finished ones become REQUEST_NULL
+                if done:
+                    self.server.progressed += len(done)
+                    for client in [c for c, r in sends.items() if r == MPI.REQUEST_NULL]:
+                        del sends[client]
+            if not sends:
+                self.wake.clear()     # set by the next reply, after its Isend
+                return False
+            return True
+
+    def _run(self) -> None:
+        pause = 0.0
+        while True:
+            self.wake.wait()
+            if self._stopping:
+                return
+            if self._sweep():
+                time.sleep(pause)
+                pause = min(PROGRESS_PAUSE_S, pause * 2 or 1e-5)
+            else:
+                pause = 0.0
+
+    def stop(self) -> None:
+        """End the thread (it tests nothing more); the server then completes its replies."""
+        if not self._stopping:
+            self._stopping = True
+            self.wake.set()
+            self.thread.join()
+            atexit.unregister(self.stop)
 
 
 class ChannelClient:

@@ -10,6 +10,7 @@ from .checks import at_least, choice, doc, in_range
 
 REFRESH = ("unroll", "updates", "episode")
 DELIVERY = ("push", "broadcast")
+REPLY_PROGRESS = ("thread", "calls")
 INFERENCE_POLICIES = ("auto", "fixed", "drain")
 DEVICES = ("cpu", "cuda")
 
@@ -35,6 +36,12 @@ class ActorLearnerFields:
         "end: ring = a pipelined chain, tree = a binomial tree; every --refresh-every "
         "updates, every update with impala's --param-refresh unroll; apex's actors take "
         "the newest at their --actor-refresh-steps)", default="push")
+    reply_progress: str = doc(
+        "apex with --param-delivery push: how the learner's parameter replies travel while "
+        "it trains: 'thread' (a thread of the learner's tests the replies in flight, so "
+        "they move while it computes) or 'calls' (only inside the learner's own MPI calls, "
+        "MPI's rule: a learner whose batches are always there holds its replies)",
+        default="thread")
     max_policy_lag: int = doc("impala/seed/ga3c: unrolls whose parameters are more than "
                                "this many updates old are dropped (counted); 0 = no bound",
                                default=0)
@@ -61,10 +68,15 @@ class ActorLearnerFields:
 def check_actor_learner(cfg, world_size: int) -> None:
     choice("param_refresh", cfg.param_refresh, REFRESH)
     choice("param_delivery", cfg.param_delivery, DELIVERY)
+    choice("reply_progress", cfg.reply_progress, REPLY_PROGRESS)
     if cfg.mode == "apex" and cfg.param_delivery == "push" and cfg.refresh_every != 1:
         raise ConfigError(f"refresh_every={cfg.refresh_every} times apex's broadcasts, and "
                           "this run pushes (its actors pull every --actor-refresh-steps); "
                           "allowed: --param-delivery broadcast, or refresh_every 1")
+    if cfg.param_delivery == "broadcast" and cfg.reply_progress != "thread":
+        raise ConfigError(f"reply_progress={cfg.reply_progress!r} moves the push's parameter "
+                          "replies, and this run broadcasts them; allowed with broadcast: "
+                          "reply_progress thread (the default)")
     if cfg.param_delivery == "broadcast" and cfg.param_refresh == "episode":
         raise ConfigError("param_delivery='broadcast' reaches every actor at once, and "
                           "param_refresh='episode' is one actor's; allowed with broadcast: "

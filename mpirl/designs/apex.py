@@ -205,7 +205,8 @@ class ApexLearner:
         self.samplers = {s: SampleClient(comm, s, layout, cfg.wait_timeout_s)
                          for s in self.shards}
         self.params = ParamService(comm, actors, REQUEST_META, learner.params.size,
-                                   pushes=delivery.pushes)
+                                   pushes=delivery.pushes,
+                                   progress=cfg.reply_progress == "thread")
         self.version = 0
         # judged on the greediest actor (epsilon ~ 0): the others explore by design
         self.book = Book(cfg, judges=1)

@@ -56,8 +56,10 @@ class ParamService:
     receives it, long after it was sent)."""
 
     def __init__(self, comm: MPI.Comm, actors: list[int], fields: Fields,
-                 n_params: int, pushes: bool = True) -> None:
-        self.channel = ChannelServer(comm, actors, 8 * len(fields))
+                 n_params: int, pushes: bool = True, progress: bool = False) -> None:
+        #: ``progress``: a thread moves the replies while the learner computes
+        self.channel = ChannelServer(comm, actors, 8 * len(fields),
+                                     progress=progress and pushes)
         self.fields = fields
         self.replies = {a: params_reply(n_params) for a in actors}
         self.taken = {a: 0 for a in actors}

@@ -49,9 +49,10 @@ BATCH = -6           # a gorila service worker looked for its batch (version: 1 
 #: the designs whose runs can be replayed (the deciding ranks record their order)
 REPLAYABLE = tuple(name for name, d in registry.DESIGNS.items() if d.replayable)
 #: fields a replay may change: where its files go, and the replay itself
-#: (deadlines end a run that hangs; they change no result)
+#: (deadlines end a run that hangs, and how replies progress moves the same bytes:
+#: they change no result)
 FREE_FIELDS = ("run_dir", "run_name", "replay_schedule", "log_every", "wait_timeout_s",
-               "watchdog_s")
+               "watchdog_s", "reply_progress")
 
 
 class ScheduleDiverged(RuntimeError):

@@ -144,6 +144,21 @@ def test_ranks_on_one_node_use_shared_memory(cluster, tmp_path):
     assert moved < summary["gradient_bytes"] * summary["updates"] / 10, moved
 
 
+def test_a_servers_replies_cross_the_link_while_it_computes(cluster):
+    """tests/mpi/check_channels.py on 3 ranks round robin (the server and rank 2 on node0,
+    rank 1 on node1): MPICH moves the 8 MiB reply over TCP only inside its sender's MPI
+    calls, and it lands while the server computes without one (its progress thread)."""
+    command = [*CLI, "exec", "-n", "3", "--ranks-per-node", "2", "--placement", "cyclic",
+               "--timeout", "180", "--", "python", "tests/mpi/check_channels.py"]
+    job = start_mpi(3, [], command=command)
+    job.wait(210)
+    lines = job.output.splitlines()
+    assert "OK progress thread: replies travel while the server makes no MPI call" in lines, \
+        job.tail()
+    assert job.returncode == 0 and not any(line.startswith("FAIL") for line in lines), \
+        job.tail()
+
+
 def test_hierarchical_sends_one_leaders_share_over_each_link(cluster, tmp_path):
     """2 nodes x 2 ranks in blocks: the node's ranks reduce in shared memory and only the
     leaders exchange, so each node's link carries one gradient per update (a ring over

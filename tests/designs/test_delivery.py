@@ -103,6 +103,11 @@ def test_apex_broadcasts_to_its_actors_past_the_replay_ranks(runs):
      "compress='fp16' compresses a topology's allreduce, and this run has none"),
     (["--mode", "apex", "--refresh-every", "3"],
      "refresh_every=3 times apex's broadcasts, and this run pushes"),
+    (["--mode", "apex", "--reply-progress", "spin"],
+     "reply_progress='spin' is not allowed; choose one of: thread, calls"),
+    (["--mode", "apex", "--reply-progress", "calls", "--param-delivery", "broadcast"],
+     "reply_progress='calls' moves the push's parameter replies, and this run broadcasts"),
+    (["--reply-progress", "calls"], "reply_progress='calls' is not taken by mode='impala'"),
 ])
 def test_delivery_refusals_are_one_line(flags, fragment):
     done = subprocess.run([sys.executable, "-m", "mpirl.run", "--mode", "impala", *flags],
