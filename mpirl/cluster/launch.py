@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -219,11 +220,14 @@ def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
         order: str = "block") -> int:
     """Run ``command`` across the cluster, in the foreground, its ranks placed by
     ``order`` (:data:`PLACEMENTS`); its exit status (124 when ``timeout_s`` passed first:
-    the job is killed, node by node)."""
+    the job is killed, node by node).  Ended itself by SIGTERM or SIGHUP (an outer
+    ``timeout``, a closed terminal) or Ctrl-C, it kills the job node by node first: mpiexec
+    alone would leave ranks on the nodes."""
     argv, env = mpiexec_argv(spec, nranks, per_node, command, mpi, ulfm, order=order)
     hosts, per_node = placement(spec, nranks, per_node)
     proc = subprocess.Popen(argv, env=env)
     watch = NodeWatch(spec, hosts)
+    before = {sig: signal.signal(sig, _ended_by) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -231,16 +235,35 @@ def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
               "node", file=sys.stderr, flush=True)
         _kill_job(spec, proc)
         code = 124
+    except Ended as ended:
+        print(f"mpirl.cluster: {signal.Signals(ended.signum).name}: killing the job on every "
+              "node", file=sys.stderr, flush=True)
+        _kill_job(spec, proc)
+        code = 128 + ended.signum
     except KeyboardInterrupt:
         _kill_job(spec, proc)
         raise
     finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
         watch.stop()
     if code != 0:
         for line in [*watch.died_first(per_node, nranks, order),
                      *cut_off(spec, hosts, per_node, nranks, order)]:
             print(line, file=sys.stderr, flush=True)
     return code
+
+
+class Ended(Exception):
+    """``exec`` was sent SIGTERM or SIGHUP while its job ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _ended_by(signum: int, frame) -> None:
+    raise Ended(signum)
 
 
 class NodeWatch:
@@ -334,6 +357,9 @@ def cut_off(spec: Cluster, hosts: list[str], per_node: int, nranks: int,
 def _kill_job(spec: Cluster, proc: subprocess.Popen) -> None:
     from ..launch import end_process  # noqa: PLC0415
 
+    for sig in (signal.SIGTERM, signal.SIGHUP):   # a second signal does not cut this short
+        if signal.getsignal(sig) is _ended_by:
+            signal.signal(sig, signal.SIG_IGN)
     end_process(proc, grace_s=5)
     for host in spec.hosts():        # what mpiexec left on the nodes (not Slurm's daemons)
         for pid in job_pids(spec.namespace(host)):

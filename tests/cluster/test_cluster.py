@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -157,6 +158,27 @@ def test_a_servers_replies_cross_the_link_while_it_computes(cluster):
         job.tail()
     assert job.returncode == 0 and not any(line.startswith("FAIL") for line in lines), \
         job.tail()
+
+
+def test_exec_ended_by_sigterm_kills_the_ranks_on_every_node(cluster):
+    """An outer ``timeout`` ends ``mpirl.cluster exec`` with SIGTERM: exec kills the job's
+    ranks on every node before it exits (mpiexec alone left them running)."""
+    def ranks() -> set[int]:
+        return {pid for host in cluster.hosts()
+                for pid in net.rank_processes(net.pids_in(cluster.namespace(host)))}
+
+    command = [*CLI, "exec", "-n", "2", "--", "python", "-c", "import time; time.sleep(300)"]
+    job = start_mpi(2, [], command=command)
+    with job:
+        deadline = time.monotonic() + 60
+        while len(ranks()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(ranks()) >= 2, job.tail()
+        os.kill(job.pid, signal.SIGTERM)          # exec alone, as `timeout` signals it
+        job.wait(60)
+    assert job.returncode == 128 + signal.SIGTERM, job.tail()
+    assert "SIGTERM: killing the job on every node" in job.output, job.tail()
+    assert ranks() == set()
 
 
 def test_hierarchical_sends_one_leaders_share_over_each_link(cluster, tmp_path):
