@@ -43,7 +43,11 @@ apex's push replies move on the learner's progress thread (``--reply-progress th
 the default); ``--push-calls`` adds the way ``push-calls`` (``--reply-progress calls``:
 only inside the learner's own MPI calls, as every apex table measured before the thread;
 at ``--layout 4x2`` in blocks it does not end).  Each run records which it had, and a
-table says so.
+table says so.  ``--ways push,push-calls`` runs only the ways named (the first is the
+ratios' base); with ``--out`` elsewhere it leaves the committed tables alone:
+
+    python experiments/bench_delivery_training.py --mode apex --layout 2x4 --push-calls \
+        --ways push,push-calls --out docs/figures/delivery/reply-progress   # ~18 min
 
 The ways alternate (ABAB: the same conditions for both), ``--trials`` of each per link
 rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
@@ -135,6 +139,9 @@ def main() -> int:
                              "per node add the hierarchical:ring way)")
     parser.add_argument("--push-calls", action="store_true",
                         help="apex: add the way push-calls (--reply-progress calls)")
+    parser.add_argument("--ways", default="",
+                        help="comma-separated: only these ways (default: every way of the "
+                             "mode and layout)")
     parser.add_argument("--rewrite", action="store_true",
                         help="rewrite the mode's and layout's table (.md) from its .json "
                              "under --out, running nothing")
@@ -144,6 +151,13 @@ def main() -> int:
     _, actors, _, ways = MODES[args.mode]
     ways = {**ways, **(TWO_LEVEL if per > 1 else {}),
             **(PUSH_CALLS if args.push_calls and args.mode == "apex" else {})}
+    if args.ways:
+        chosen = args.ways.split(",")
+        unknown = [w for w in chosen if w not in ways]
+        if unknown or not chosen:
+            parser.exit(2, f"bench_delivery_training: --ways {args.ways}: no way "
+                           f"{', '.join(unknown)} here; allowed: {', '.join(ways)}\n")
+        ways = {w: ways[w] for w in chosen}
     table = out / f"{stem(args.mode, args.layout)}.json"
     if args.rewrite:
         write(out, json.loads(table.read_text()), args)
@@ -165,8 +179,9 @@ def main() -> int:
 def write(out: Path, results: dict, args) -> None:
     import numpy as np
 
-    first = results[RATES[0]]["push"][0]
-    trials = len(results[RATES[0]]["push"])
+    base = next(iter(results[RATES[0]]))          # push, unless --ways chose otherwise
+    first = results[RATES[0]][base][0]
+    trials = len(results[RATES[0]][base])
     actors = MODES[args.mode][1]
     nodes, per, order = layout(args.layout)
     two_level = ("; `hierarchical:ring`: `--param-delivery broadcast --topology hierarchical "
@@ -178,15 +193,19 @@ def write(out: Path, results: dict, args) -> None:
                  "carries a copy; `ring`: `--param-delivery broadcast --topology ring`"
                  + two_level)
     else:
+        said = {"push": "`push`: each actor asks every 400 env steps (every 4th rollout) "
+                        "and the reply carries a copy",
+                "ring": "`ring`: `--param-delivery broadcast --topology ring`, a broadcast "
+                        "started after every update unless one is in flight, each actor "
+                        "taking the newest at its refresh points",
+                "ring-every-4": "`ring-every-4`: the same, a broadcast every 4th update "
+                                "(`--refresh-every 4`)",
+                "hierarchical:ring": two_level[2:]}
+        ways = [said[w] for w in results[RATES[0]] if said.get(w)]
         setup = (f"the learner, one replay rank and {actors} actors. apex (SAC)",
-                 "2 envs x 64 steps per rollout; `push`: each actor asks every 400 env "
-                 "steps (every 4th rollout) and the reply carries a copy; `ring`: "
-                 "`--param-delivery broadcast --topology ring`, a broadcast started after "
-                 "every update unless one is in flight, each actor taking the newest at "
-                 "its refresh points; `ring-every-4`: the same, a broadcast every 4th update "
-                 "(`--refresh-every 4`)" + two_level + "; policy lag: the updates between "
-                 "the parameters that acted and the learner's, over the transitions "
-                 "trained on")
+                 "; ".join(["2 envs x 64 steps per rollout", *ways,
+                            "policy lag: the updates between the parameters that acted "
+                            "and the learner's, over the transitions trained on"]))
     lines = [f"# Parameter delivery in a training run: {args.mode}, push against broadcast "
              "(experiments/bench_delivery_training.py)", "",
              f"Emulated cluster, {nodes} nodes x {per} rank{'s' * (per > 1)}"
@@ -200,10 +219,10 @@ def write(out: Path, results: dict, args) -> None:
              f"({first['params'] * 4 / 2**20:.2f} MiB per copy) on Delay-v0 at "
              f"{args.cost_ms:g} ms a step, {setup[1]}. The ways alternate, "
              f"{trials} run{'s' * (trials != 1)} of each per link; medians over runs. "
-             "Ratio: each way's steps/s over push's.", "",
+             f"Ratio: each way's steps/s over {base}'s.", "",
              "| link | way | env steps/s | learner updates/s | actors' env share | "
              f"policy lag | {'learner link MiB' if per == 1 else 'learner MiB sent'} / update "
-             "| steps/s over push's |",
+             f"| steps/s over {base}'s |",
              "|---|---|---|---|---|---|---|---|"]
     for rate, by_way in results.items():
         med = {way: {k: float(np.median([t[k] for t in runs])) for k in runs[0]
@@ -214,11 +233,11 @@ def write(out: Path, results: dict, args) -> None:
             lines.append(f"| {rate} | {way} | {m['steps_per_s']:.0f} | "
                          f"{m['updates_per_s']:.2f} | {m['actor_env_share']:.0%} | "
                          f"{m['policy_lag']:.2f} | {m['learner_mib_per_update']:.1f} | "
-                         f"{m['steps_per_s'] / med['push']['steps_per_s']:.2f} |")
+                         f"{m['steps_per_s'] / med[base]['steps_per_s']:.2f} |")
     lines += ["", "Env steps/s, run by run: " + "; ".join(
         f"{rate} {way} " + " / ".join(f"{t['steps_per_s']:.0f}" for t in runs)
         for rate, by_way in results.items() for way, runs in by_way.items()) + "."]
-    if args.mode == "apex":
+    if args.mode == "apex" and "push" in results[RATES[0]]:
         progress = results[RATES[0]]["push"][0].get("reply_progress", "calls")
         lines += ["", "The push's replies moved " + (
             "on the learner's progress thread (`--reply-progress thread`, the default)"

@@ -13,11 +13,16 @@ of its own, no pickling.
   that has arrived (what a batching inference server drains).  A reply re-arms that
   client's receive (if its request was taken: a reply before any request, such as the
   first parameters, arms nothing), except a reply with ``last=True`` (a STOP).
-* MPI moves a large reply's bytes (a rendezvous over TCP, say) only while its sender is
-  inside an MPI call.  A server that computes between calls (a learner whose batches
-  are always there) would hold its replies: with ``progress=True`` a thread of the
-  server's own tests the replies in flight (polling with a back-off, idle when none is),
-  so they travel while the server computes (ranks run at MPI_THREAD_MULTIPLE).
+* MPI moves a large reply's bytes (a rendezvous over TCP, say) and takes a request off
+  the network only inside some MPI call, and MPICH's ch4 polls the network in a call only
+  when shared memory made no progress in it.  A server that makes few calls while it
+  computes, each finding shared-memory traffic (a learner fed by a replay rank on its
+  node), would hold its replies and not see its clients' requests: with
+  ``progress=True`` a thread of the server's own tests the replies in flight, and while
+  none is, lets MPI progress (an ``Iprobe`` that matches nothing), polling with a
+  back-off up to :data:`PROGRESS_PAUSE_S` (ranks run at MPI_THREAD_MULTIPLE).  Measured
+  on the emulated cluster (docs/cluster.md): testing only its replies, apex's learner
+  took its actors' requests in bursts about 32 s apart.
 * A reply may be shorter than the client's reply buffer (a prefix: an acknowledgement
   without parameters); the client learns its length and tag from the probe.
 
@@ -43,8 +48,10 @@ TAG_REQUEST = 61
 #: as SEED's actors wait once per env step (measured, seed at 4 ranks on 2 cores:
 #: 3.2-3.5k env steps/s with 0.1 ms, 2.1-2.8k with 1 ms, no better with 0.02 ms)
 PAUSE_S = 1e-4
-#: longest sleep between a progress thread's tests of the replies in flight
+#: longest sleep between a progress thread's polls
 PROGRESS_PAUSE_S = 1e-3
+#: the tag of the progress thread's probe: no message carries it
+TAG_NONE = 32766
 
 
 def as_bytes(record: np.ndarray) -> np.ndarray:
@@ -162,10 +169,12 @@ _NO_LOCK = _NoLock()
 
 
 class _ReplyProgress:
-    """A server's progress thread: while replies are in flight, test them (``Testsome``,
-    under the server's lock) with a polling back-off up to :data:`PROGRESS_PAUSE_S`,
-    dropping the finished ones; asleep while none is in flight.  Stopped by the server's
-    ``close``, or at interpreter exit (before mpi4py finalizes MPI)."""
+    """A server's progress thread: poll with a back-off up to :data:`PROGRESS_PAUSE_S`
+    (from the start again after each reply); each poll tests the replies in flight
+    (``Testsome``, under the server's lock), dropping the finished ones, or, with none
+    in flight, probes for a message that never comes (``Iprobe`` of :data:`TAG_NONE`:
+    MPI's progress, so requests land).  Stopped by the server's ``close``, or at
+    interpreter exit (before mpi4py finalizes MPI)."""
 
     def __init__(self, server: ChannelServer) -> None:
         self.server = server
@@ -177,33 +186,28 @@ class _ReplyProgress:
         self.thread.start()
         atexit.register(self.stop)
 
-    def _sweep(self) -> bool:
-        """Test the replies in flight once; True while some remain."""
+    def _poll(self) -> None:
+        """Test the replies in flight once, or with none, let MPI progress once."""
         sends = self.server._send
         with self.lock:
             if sends:
-                reqs = list(sends.values())
-                done = MPI.Request.Testsome(reqs)    # finished ones become REQUEST_NULL
+                done = MPI.Request.Testsome(list(sends.values()))   # done: REQUEST_NULL
                 if done:
                     self.server.progressed += len(done)
                     for client in [c for c, r in sends.items() if r == MPI.REQUEST_NULL]:
                         del sends[client]
-            if not sends:
-                self.wake.clear()     # set by the next reply, after its Isend
-                return False
-            return True
+                return
+        self.server.comm.Iprobe(MPI.ANY_SOURCE, TAG_NONE)
 
     def _run(self) -> None:
         pause = 0.0
-        while True:
-            self.wake.wait()
-            if self._stopping:
-                return
-            if self._sweep():
-                time.sleep(pause)
-                pause = min(PROGRESS_PAUSE_S, pause * 2 or 1e-5)
-            else:
+        while not self._stopping:
+            if self.wake.is_set():           # a new reply: poll closely again
+                self.wake.clear()
                 pause = 0.0
+            self._poll()
+            time.sleep(pause)
+            pause = min(PROGRESS_PAUSE_S, pause * 2 or 1e-5)
 
     def stop(self) -> None:
         """End the thread (it tests nothing more); the server then completes its replies."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,11 +75,15 @@ def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, text):
     ("impala", "2x4:cyclic", "training-2x4-cyclic"),
     ("impala", "4x2", "training-4x2"), ("impala", "2x4", "training-2x4"),
     ("apex", "4x2:cyclic", "training-apex-4x2-cyclic"),
-    ("apex", "2x4:cyclic", "training-apex-2x4-cyclic"), ("apex", "2x4", "training-apex-2x4")])
+    ("apex", "2x4:cyclic", "training-apex-2x4-cyclic"), ("apex", "2x4", "training-apex-2x4"),
+    ("apex", "4x2", "training-apex-4x2"),
+    # --ways push,push-calls --out docs/figures/delivery/reply-progress
+    ("apex", "2x4", "reply-progress/training-apex-2x4")])
 def test_training_tables_rewrite_byte_for_byte_from_their_json(tmp_path, mode, text, table):
     """experiments/bench_delivery_training.py --rewrite on a copy of a committed table's
     JSON writes the committed table (each layout and mode its own files)."""
     figures = ROOT / "docs" / "figures" / "delivery"
+    figures, table = (figures / table).parent, Path(table).name
     (tmp_path / f"{table}.json").write_bytes((figures / f"{table}.json").read_bytes())
     done = subprocess.run([sys.executable, str(ROOT / "experiments" /
                                                "bench_delivery_training.py"),
@@ -96,3 +101,16 @@ def test_a_bad_training_layout_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "'8x1:cyclic'" in lines[0] and "NODESxPER" in lines[0]
+
+
+def test_an_unknown_way_is_one_line_and_exit_2(tmp_path):
+    """--ways names only the mode's and layout's ways (push-calls with --push-calls)."""
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" /
+                                               "bench_delivery_training.py"),
+                           "--rewrite", "--out", str(tmp_path), "--mode", "apex",
+                           "--ways", "push,push-calls"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no way push-calls here" in lines[0], done.stderr
+    assert "allowed: push, ring, ring-every-4" in lines[0], done.stderr
