@@ -154,9 +154,13 @@ def main() -> int:
     if args.ways:
         chosen = args.ways.split(",")
         unknown = [w for w in chosen if w not in ways]
-        if unknown or not chosen:
+        if unknown:
             parser.exit(2, f"bench_delivery_training: --ways {args.ways}: no way "
-                           f"{', '.join(unknown)} here; allowed: {', '.join(ways)}\n")
+                           f"{', '.join(map(repr, unknown))} here; allowed: "
+                           f"{', '.join(ways)}\n")
+        if not args.rewrite and out == (ROOT / "docs/figures/delivery").resolve():
+            parser.exit(2, f"bench_delivery_training: --ways {args.ways} would overwrite "
+                           "the committed table of every way; give --out another folder\n")
         ways = {w: ways[w] for w in chosen}
     table = out / f"{stem(args.mode, args.layout)}.json"
     if args.rewrite:
@@ -200,13 +204,17 @@ def write(out: Path, results: dict, args) -> None:
                         "taking the newest at its refresh points",
                 "ring-every-4": "`ring-every-4`: the same, a broadcast every 4th update "
                                 "(`--refresh-every 4`)",
-                "hierarchical:ring": two_level[2:]}
+                "hierarchical:ring": two_level[2:],
+                "push-calls": "`push-calls`: the same with `--reply-progress calls`"}
         ways = [said[w] for w in results[RATES[0]] if said.get(w)]
         setup = (f"the learner, one replay rank and {actors} actors. apex (SAC)",
                  "; ".join(["2 envs x 64 steps per rollout", *ways,
                             "policy lag: the updates between the parameters that acted "
                             "and the learner's, over the transitions trained on"]))
-    lines = [f"# Parameter delivery in a training run: {args.mode}, push against broadcast "
+    measured = list(results[RATES[0]])
+    title = ("push against broadcast" if any(not w.startswith("push") for w in measured)
+             else " against ".join(measured))
+    lines = [f"# Parameter delivery in a training run: {args.mode}, {title} "
              "(experiments/bench_delivery_training.py)", "",
              f"Emulated cluster, {nodes} nodes x {per} rank{'s' * (per > 1)}"
              + {"block": "" if per == 1 else " (in blocks: ranks 0-"
@@ -242,9 +250,7 @@ def write(out: Path, results: dict, args) -> None:
         lines += ["", "The push's replies moved " + (
             "on the learner's progress thread (`--reply-progress thread`, the default)"
             if progress == "thread" else "only inside the learner's own MPI calls (measured "
-            "before the learner's progress thread: `--reply-progress calls` now)")
-            + ("; `push-calls`: `--reply-progress calls`" if any(
-                "push-calls" in by_way for by_way in results.values()) else "") + "."]
+            "before the learner's progress thread: `--reply-progress calls` now)") + "."]
     if per > 1:
         lines += ["", "Learner MiB sent: every byte rank 0 sent, to ranks on its own node "
                   "(shared memory) as well as over its link."]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import atexit
 import threading
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -115,6 +114,8 @@ class ChannelServer:
     def reply(self, client: int, message: np.ndarray, *, tag: int, last: bool = False) -> None:
         """Send ``message`` (kept untouched until the next reply to ``client``) and listen
         for the client's next request, unless this is its ``last`` reply."""
+        if self._progress is not None:
+            self._progress.check()
         self._finish(client)
         data = as_bytes(message)
         with self._lock:
@@ -151,6 +152,7 @@ class ChannelServer:
             raise TopologyError(f"channel closed with requests of ranks {waiting} expected")
         if self._progress is not None:
             self._progress.stop()
+            self._progress.check()
         sends = list(self._send.values())
         _wait_until(lambda: MPI.Request.Testall(sends), timeout_s,
                     "channel: clients did not take their last reply")
@@ -174,14 +176,16 @@ class _ReplyProgress:
     (``Testsome``, under the server's lock), dropping the finished ones, or, with none
     in flight, probes for a message that never comes (``Iprobe`` of :data:`TAG_NONE`:
     MPI's progress, so requests land).  Stopped by the server's ``close``, or at
-    interpreter exit (before mpi4py finalizes MPI)."""
+    interpreter exit (before mpi4py finalizes MPI).  An error ends the thread and is
+    raised again by the server's next ``reply`` or its ``close``."""
 
     def __init__(self, server: ChannelServer) -> None:
         self.server = server
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self._stopping = False
-        self.thread = threading.Thread(target=self._run, name="mpirl-reply-progress",
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._guarded, name="mpirl-reply-progress",
                                        daemon=True)
         self.thread.start()
         atexit.register(self.stop)
@@ -199,15 +203,27 @@ class _ReplyProgress:
                 return
         self.server.comm.Iprobe(MPI.ANY_SOURCE, TAG_NONE)
 
+    def _guarded(self) -> None:
+        try:
+            self._run()
+        except BaseException as err:         # raised again on the server's thread
+            self.error = err
+
     def _run(self) -> None:
         pause = 0.0
         while not self._stopping:
-            if self.wake.is_set():           # a new reply: poll closely again
+            if self.wake.is_set():           # a new reply (or stop): poll closely again
                 self.wake.clear()
                 pause = 0.0
             self._poll()
-            time.sleep(pause)
+            self.wake.wait(pause)
             pause = min(PROGRESS_PAUSE_S, pause * 2 or 1e-5)
+
+    def check(self) -> None:
+        """Raise the thread's error, if it ended by one."""
+        if self.error is not None:
+            raise TopologyError(f"channel: the progress thread failed: {self.error!r}") \
+                from self.error
 
     def stop(self) -> None:
         """End the thread (it tests nothing more); the server then completes its replies."""

@@ -225,12 +225,13 @@ def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
     alone would leave ranks on the nodes."""
     argv, env = mpiexec_argv(spec, nranks, per_node, command, mpi, ulfm, order=order)
     hosts, per_node = placement(spec, nranks, per_node)
-    proc = subprocess.Popen(argv, env=env)
-    watch = NodeWatch(spec, hosts)
-    before = {sig: signal.signal(sig, _ended_by) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    before, proc, watch = _catch_endings(), None, None
     try:
+        proc = subprocess.Popen(argv, env=env)
+        watch = NodeWatch(spec, hosts)
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        _ignore_endings()
         print(f"mpirl.cluster: job still running after {timeout_s:g} s: killing it on every "
               "node", file=sys.stderr, flush=True)
         _kill_job(spec, proc)
@@ -241,13 +242,15 @@ def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
         _kill_job(spec, proc)
         code = 128 + ended.signum
     except KeyboardInterrupt:
+        _ignore_endings()
         _kill_job(spec, proc)
         raise
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
-        watch.stop()
-    if code != 0:
+        if watch is not None:
+            watch.stop()
+    if code != 0 and watch is not None:     # None: ended before its nodes were watched
         for line in [*watch.died_first(per_node, nranks, order),
                      *cut_off(spec, hosts, per_node, nranks, order)]:
             print(line, file=sys.stderr, flush=True)
@@ -262,8 +265,33 @@ class Ended(Exception):
         self.signum = signum
 
 
+#: the signals that end ``exec`` with its job killed first
+ENDINGS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def _ended_by(signum: int, frame) -> None:
+    _ignore_endings()                  # one Ended at most: a second signal waits its turn
     raise Ended(signum)
+
+
+def _catch_endings() -> dict:
+    """Raise :class:`Ended` on each of :data:`ENDINGS` that is not ignored (``nohup``
+    ignores SIGHUP: it stays so); only on the main thread (elsewhere nothing changes).
+    Returns the handlers replaced."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _ended_by) for sig in ENDINGS
+            if signal.getsignal(sig) is not signal.SIG_IGN}
+
+
+def _ignore_endings() -> None:
+    """Ignore :data:`ENDINGS` where :func:`_catch_endings` caught them: the job is being
+    killed, which a second signal must not cut short."""
+    for sig in ENDINGS:
+        if signal.getsignal(sig) is _ended_by:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 class NodeWatch:
@@ -354,13 +382,13 @@ def cut_off(spec: Cluster, hosts: list[str], per_node: int, nranks: int,
     return lines
 
 
-def _kill_job(spec: Cluster, proc: subprocess.Popen) -> None:
+def _kill_job(spec: Cluster, proc: subprocess.Popen | None) -> None:
+    """End mpiexec (``proc``; None: not started), then kill what it left on the nodes."""
     from ..launch import end_process  # noqa: PLC0415
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):   # a second signal does not cut this short
-        if signal.getsignal(sig) is _ended_by:
-            signal.signal(sig, signal.SIG_IGN)
-    end_process(proc, grace_s=5)
+    _ignore_endings()
+    if proc is not None:
+        end_process(proc, grace_s=5)
     for host in spec.hosts():        # what mpiexec left on the nodes (not Slurm's daemons)
         for pid in job_pids(spec.namespace(host)):
             try:

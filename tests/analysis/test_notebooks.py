@@ -17,7 +17,7 @@ def test_notebook_runs_top_to_bottom(tiny_sweep, notebook, monkeypatch):
         "notebooks are committed without outputs"
     monkeypatch.setenv("MPIRL_SWEEP", str(tiny_sweep))
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+    nbclient.NotebookClient(nb, timeout=180, startup_timeout=180, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}}).execute()
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if "image/png" in o.get("data", {})]

@@ -178,6 +178,9 @@ def test_exec_ended_by_sigterm_kills_the_ranks_on_every_node(cluster):
         job.wait(60)
     assert job.returncode == 128 + signal.SIGTERM, job.tail()
     assert "SIGTERM: killing the job on every node" in job.output, job.tail()
+    deadline = time.monotonic() + 10                # SIGKILLed: gone once reaped
+    while ranks() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert ranks() == set()
 
 

@@ -20,8 +20,9 @@ from topologies.channels import ChannelClient, ChannelServer
 #: a reply far over any eager limit (MPICH's shared memory or TCP: a rendezvous)
 REPLY = 8 * 2**20 + 12
 ROUNDS = 6
-#: how long the server goes on computing once its thread saw every reply finished
-AFTER_S = 2.0
+#: how long the server goes on computing once its thread saw every reply finished (a
+#: client that has its reply is scheduled to note the time within it, loaded or not)
+AFTER_S = 5.0
 TAG = 5
 
 

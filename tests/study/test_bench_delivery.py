@@ -112,5 +112,5 @@ def test_an_unknown_way_is_one_line_and_exit_2(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no way push-calls here" in lines[0], done.stderr
+    assert len(lines) == 1 and "no way 'push-calls' here" in lines[0], done.stderr
     assert "allowed: push, ring, ring-every-4" in lines[0], done.stderr
