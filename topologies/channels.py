@@ -70,6 +70,10 @@ class ChannelServer:
         self.buffers = {c: np.empty(nbytes, dtype=np.uint8) for c in self.clients}
         self._recv = [self._post(c) for c in self.clients]
         self._send: dict[int, MPI.Request] = {}
+        #: held while a request of ``_send`` is started, taken out or tested: a progress
+        #: thread tests them too, and MPI forbids two threads testing one request
+        #: (uncontended without one)
+        self._lock = threading.Lock()
         #: replies completed by the progress thread (not by a wait of the server's own)
         self.progressed = 0
         self._progress: _ReplyProgress | None = None
@@ -133,12 +137,6 @@ class ChannelServer:
         """Clients whose receive is armed (a request of theirs is still expected)."""
         return [c for c, r in zip(self.clients, self._recv, strict=True) if r != MPI.REQUEST_NULL]
 
-    @property
-    def _lock(self) -> threading.Lock:
-        """Held while a request of ``_send`` is started, taken out or tested (the progress
-        thread tests them too, and MPI forbids two threads testing one request)."""
-        return _NO_LOCK if self._progress is None else self._progress.lock
-
     def _finish(self, client: int) -> None:
         with self._lock:
             req = self._send.pop(client, None)
@@ -159,17 +157,6 @@ class ChannelServer:
         self._send.clear()
 
 
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-_NO_LOCK = _NoLock()
-
-
 class _ReplyProgress:
     """A server's progress thread: poll with a back-off up to :data:`PROGRESS_PAUSE_S`
     (from the start again after each reply); each poll tests the replies in flight
@@ -181,7 +168,6 @@ class _ReplyProgress:
 
     def __init__(self, server: ChannelServer) -> None:
         self.server = server
-        self.lock = threading.Lock()
         self.wake = threading.Event()
         self._stopping = False
         self.error: BaseException | None = None
@@ -193,7 +179,7 @@ class _ReplyProgress:
     def _poll(self) -> None:
         """Test the replies in flight once, or with none, let MPI progress once."""
         sends = self.server._send
-        with self.lock:
+        with self.server._lock:
             if sends:
                 done = MPI.Request.Testsome(list(sends.values()))   # done: REQUEST_NULL
                 if done:

@@ -15,6 +15,7 @@ from cases import cases, comm, rank, report, size  # first: it starts MPI
 
 import numpy as np
 
+from topologies.base import TopologyError
 from topologies.channels import ChannelClient, ChannelServer
 
 #: a reply far over any eager limit (MPICH's shared memory or TCP: a rendezvous)
@@ -107,12 +108,46 @@ def check_request_reply_rounds_with_the_thread(progress: bool) -> None:
     report(f"{ROUNDS} rounds of request and reply with {way}: whole and in order", problems)
 
 
+def check_a_failed_thread_is_raised_by_the_server() -> None:
+    """An error in the progress thread ends it, and the server's next reply raises it, and
+    so does its close: a server whose thread died must not go on holding its replies
+    silently.  (Rank 0 alone: the error is made by replacing the thread's poll.)"""
+    problems: list[str] = []
+    if rank == 0:
+        for end in ("reply", "close"):
+            server = ChannelServer(comm, [], 8, progress=True)
+
+            def broken() -> None:
+                raise RuntimeError("a poll that fails")
+
+            server._progress._poll = broken
+            server._progress.thread.join(timeout=30)
+            if server._progress.thread.is_alive():
+                problems.append("the progress thread outlived its failed poll by 30 s")
+                continue
+            try:
+                if end == "reply":
+                    server.reply(1, np.zeros(8, dtype=np.uint8), tag=TAG)
+                else:
+                    server.close(timeout_s=5)
+            except TopologyError as err:
+                if "a poll that fails" not in str(err):
+                    problems.append(f"the server's {end} raised {err}, not the thread's error")
+            except Exception as err:                       # noqa: BLE001 (reported)
+                problems.append(f"the server's {end} raised {err!r}, not the thread's error")
+            else:
+                problems.append(f"the server's {end} did not raise the thread's error")
+    report("a failed progress thread: its error is raised by the next reply and by close",
+           problems)
+
+
 def main() -> None:
     if size < 2:
         sys.exit("check_channels needs at least 2 ranks")
     check_replies_travel_while_the_server_stays_out_of_mpi()
     for progress in (True, False):
         check_request_reply_rounds_with_the_thread(progress)
+    check_a_failed_thread_is_raised_by_the_server()
     sys.exit(1 if cases.failed else 0)
 
 
