@@ -39,15 +39,19 @@ distribution; ``python -m mpirl.cluster exec --placement cyclic``), and adds a w
 
 Its tables go to ``training[-apex]-NxP[-cyclic].md`` and ``.json``.
 
-apex's push replies move on the learner's progress thread (``--reply-progress thread``,
-the default); ``--push-calls`` adds the way ``push-calls`` (``--reply-progress calls``:
-only inside the learner's own MPI calls, as every apex table measured before the thread;
-at ``--layout 4x2`` in blocks it does not end).  Each run records which it had, and a
-table says so.  ``--ways push,push-calls`` runs only the ways named (the first is the
-ratios' base); with ``--out`` elsewhere it leaves the committed tables alone:
+apex's push replies move as ``--reply-progress auto`` (the default) has them: on the
+learner's progress thread where it shares its node with another rank, inside its own MPI
+calls where it is alone (8 x 1).  ``--push-calls`` adds the ways ``push-thread``
+(``--reply-progress thread``) and ``push-calls`` (``--reply-progress calls``: only inside
+the learner's own MPI calls, as every apex table measured before the thread; at
+``--layout 4x2`` in blocks it does not end).  Each run records which it had (summary.json's
+``reply_progress``), and a table says so.  ``--ways push-thread,push-calls`` runs only the
+ways named (the first is the ratios' base); with ``--out`` elsewhere it leaves the
+committed tables alone (the tables under ``reply-progress/`` were measured when the
+thread was the default: their ``push`` is ``push-thread``):
 
     python experiments/bench_delivery_training.py --mode apex --layout 2x4 --push-calls \
-        --ways push,push-calls --out docs/figures/delivery/reply-progress   # ~18 min
+        --ways push-thread,push-calls --out docs/figures/delivery/reply-progress   # ~18 min
 
 The ways alternate (ABAB: the same conditions for both), ``--trials`` of each per link
 rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's training
@@ -80,7 +84,8 @@ APEX_WAYS = {**WAYS, "ring-every-4": [*RING, "--refresh-every", "4"]}
 TWO_LEVEL = {"hierarchical:ring": ["--param-delivery", "broadcast", "--topology",
                                    "hierarchical", "--inner", "ring"]}
 #: apex's push with its replies moving only inside the learner's MPI calls
-PUSH_CALLS = {"push-calls": ["--reply-progress", "calls"]}
+PUSH_CALLS = {"push-thread": ["--reply-progress", "thread"],
+              "push-calls": ["--reply-progress", "calls"]}
 #: per mode: the flags that pick it, its actors, the output files' suffix, its ways
 MODES = {"impala": (["--mode", "impala"], RANKS - 1, "", WAYS),
          "apex": (["--mode", "apex", "--replay-ranks", "1"], RANKS - 2, "-apex", APEX_WAYS)}
@@ -115,10 +120,10 @@ def measure(run: Path, actors: int) -> dict:
     if s["broadcasts_received"] != s["broadcasts_sent"] * actors:
         raise SystemExit(f"bench_delivery_training: {run.name}: {s['broadcasts_sent']} "
                          f"broadcasts sent, {s['broadcasts_received']} joined")
-    u = load_run(run).updates
+    read = load_run(run)
+    u = read.updates
     learner = u[u["rank"] == 0]
-    config = (run / "config.yaml").read_text()
-    return {"reply_progress": "thread" if "reply_progress: thread" in config else "calls",
+    return {"reply_progress": s["reply_progress"],      # auto: as the learner's node chose
             "steps_per_s": s["env_steps"] / s["wall_s"],
             "updates_per_s": s["updates"] / s["wall_s"],
             "actor_env_share": s["actor_env_share"], "policy_lag": s["mean_policy_lag"],
@@ -138,7 +143,8 @@ def main() -> int:
                         help="NODESxPER[:cyclic] for the 8 ranks (default 8x1; several ranks "
                              "per node add the hierarchical:ring way)")
     parser.add_argument("--push-calls", action="store_true",
-                        help="apex: add the way push-calls (--reply-progress calls)")
+                        help="apex: add the ways push-thread and push-calls "
+                             "(--reply-progress thread, calls)")
     parser.add_argument("--ways", default="",
                         help="comma-separated: only these ways (default: every way of the "
                              "mode and layout)")
@@ -205,6 +211,7 @@ def write(out: Path, results: dict, args) -> None:
                 "ring-every-4": "`ring-every-4`: the same, a broadcast every 4th update "
                                 "(`--refresh-every 4`)",
                 "hierarchical:ring": two_level[2:],
+                "push-thread": "`push-thread`: the push with `--reply-progress thread`",
                 "push-calls": "`push-calls`: the same with `--reply-progress calls`"}
         ways = [said[w] for w in results[RATES[0]] if said.get(w)]
         setup = (f"the learner, one replay rank and {actors} actors. apex (SAC)",
@@ -248,9 +255,12 @@ def write(out: Path, results: dict, args) -> None:
     if args.mode == "apex" and "push" in results[RATES[0]]:
         progress = results[RATES[0]]["push"][0].get("reply_progress", "calls")
         lines += ["", "The push's replies moved " + (
-            "on the learner's progress thread (`--reply-progress thread`, the default)"
+            "on the learner's progress thread (`--reply-progress thread`, which `auto`, "
+            "the default, picks where the learner shares its node)"
             if progress == "thread" else "only inside the learner's own MPI calls (measured "
-            "before the learner's progress thread: `--reply-progress calls` now)") + "."]
+            "before the learner's progress thread where the table's runs do not say: "
+            "`--reply-progress calls` now, which `auto`, the default, picks where the "
+            "learner is alone on its node)") + "."]
     if per > 1:
         lines += ["", "Learner MiB sent: every byte rank 0 sent, to ranks on its own node "
                   "(shared memory) as well as over its link."]

@@ -33,7 +33,7 @@ LEDGERS: dict[str, tuple[str, ...]] = {
                   "mean_staleness", "comm_share"),
     "snapshots": ("snapshots", "snapshot_s"),
     "unrolls": ("unrolls_sent", "unrolls_used", "unrolls_dropped"),
-    "delivery": ("broadcasts_sent", "broadcasts_received"),
+    "delivery": ("broadcasts_sent", "broadcasts_received", "reply_progress"),
     "lag": ("mean_policy_lag", "p95_policy_lag", "bytes_per_env_step", "actor_env_share"),
     "requests": ("requests_sent", "requests_answered", "requests_dropped",
                  "actions_received", "mean_inference_batch"),

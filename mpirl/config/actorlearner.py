@@ -10,7 +10,7 @@ from .checks import at_least, choice, doc, in_range
 
 REFRESH = ("unroll", "updates", "episode")
 DELIVERY = ("push", "broadcast")
-REPLY_PROGRESS = ("thread", "calls")
+REPLY_PROGRESS = ("auto", "thread", "calls")
 INFERENCE_POLICIES = ("auto", "fixed", "drain")
 DEVICES = ("cpu", "cuda")
 
@@ -38,10 +38,12 @@ class ActorLearnerFields:
         "the newest at their --actor-refresh-steps)", default="push")
     reply_progress: str = doc(
         "apex with --param-delivery push: how the learner's parameter replies travel while "
-        "it trains: 'thread' (a thread of the learner's tests the replies in flight, so "
-        "they move while it computes) or 'calls' (only inside the learner's own MPI calls, "
-        "MPI's rule: a learner whose batches are always there holds its replies)",
-        default="thread")
+        "it trains: 'thread' (a thread of the learner's lets MPI progress, so replies move "
+        "and requests land while it computes), 'calls' (only inside the learner's own MPI "
+        "calls), or 'auto': thread where the learner shares its node with another rank "
+        "(MPICH then polls the network only when shared memory is idle, and a learner "
+        "fed through shared memory holds its replies), calls where it is alone (there the "
+        "thread only slowed the learner's compute, measured)", default="auto")
     max_policy_lag: int = doc("impala/seed/ga3c: unrolls whose parameters are more than "
                                "this many updates old are dropped (counted); 0 = no bound",
                                default=0)
@@ -73,10 +75,10 @@ def check_actor_learner(cfg, world_size: int) -> None:
         raise ConfigError(f"refresh_every={cfg.refresh_every} times apex's broadcasts, and "
                           "this run pushes (its actors pull every --actor-refresh-steps); "
                           "allowed: --param-delivery broadcast, or refresh_every 1")
-    if cfg.param_delivery == "broadcast" and cfg.reply_progress != "thread":
+    if cfg.param_delivery == "broadcast" and cfg.reply_progress != "auto":
         raise ConfigError(f"reply_progress={cfg.reply_progress!r} moves the push's parameter "
                           "replies, and this run broadcasts them; allowed with broadcast: "
-                          "reply_progress thread (the default)")
+                          "reply_progress auto (the default)")
     if cfg.param_delivery == "broadcast" and cfg.param_refresh == "episode":
         raise ConfigError("param_delivery='broadcast' reaches every actor at once, and "
                           "param_refresh='episode' is one actor's; allowed with broadcast: "

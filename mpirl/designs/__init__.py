@@ -92,7 +92,7 @@ def describe(s: Summary) -> str:
     rate = s.env_steps / s.wall_s if s.wall_s else math.nan
     lines = [f"done: {s.updates} updates, {s.env_steps} env steps in {s.wall_s:.1f} s "
              f"({rate:.0f} steps/s); final mean return {s.final_mean_return:.1f}"]
-    unused = {"requests": not s.requests_sent, "delivery": not s.broadcasts_sent}
+    unused = {"requests": not s.requests_sent}
     lines += [LEDGER_LINES[ledger](s) for ledger in registry.design(s.mode).ledgers
               if ledger in LEDGER_LINES and not unused.get(ledger, False)]
     if s.ranks_failed:
@@ -115,8 +115,11 @@ LEDGER_LINES: dict[str, Callable[[Summary], str]] = {
     "gradients": _gradients_line,
     "unrolls": lambda s: (f"unrolls: {s.unrolls_sent} sent = {s.unrolls_used} used + "
                           f"{s.unrolls_dropped} dropped"),
-    "delivery": lambda s: (f"parameter broadcasts: {s.broadcasts_sent} started, "
-                           f"{s.broadcasts_received} joined by actors"),
+    "delivery": lambda s: (
+        f"parameter broadcasts: {s.broadcasts_sent} started, {s.broadcasts_received} joined "
+        "by actors" if not s.reply_progress else "parameters pushed in each actor's reply, "
+        "which moved " + ("on the learner's progress thread" if s.reply_progress == "thread"
+                          else "inside the learner's own MPI calls")),
     "lag": lambda s: (f"policy lag mean {s.mean_policy_lag:.2f}, p95 {s.p95_policy_lag:.0f} "
                       f"updates; {s.bytes_per_env_step:.0f} bytes per env step; actors' env "
                       f"share {100 * s.actor_env_share:.1f}%"),

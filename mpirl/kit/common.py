@@ -86,6 +86,9 @@ class Summary:
     broadcasts_sent: int = 0                # impala --param-delivery broadcast: started by
                                             # the learners
     broadcasts_received: int = 0            # joined by actors (== sent x each's actors)
+    reply_progress: str = ""                # the push's parameter replies left the
+                                            # learner on its thread (apex) or in its calls;
+                                            # "" where parameters are broadcast
     requests_sent: int = 0                  # seed/ga3c: observation requests of actors
     requests_answered: int = 0              # with actions
     requests_dropped: int = 0               # answered with STOP at the end
@@ -107,7 +110,8 @@ class Summary:
     def of(cls, cfg, ranks: int, learner) -> "Summary":
         """A run's summary before its figures: its design, rank count, gradient size."""
         return cls(mode=cfg.mode, topology=cfg.topology, ranks=ranks,
-                   gradient_bytes=learner.grad.nbytes)
+                   gradient_bytes=learner.grad.nbytes,
+                   reply_progress="calls" if cfg.param_delivery == "push" else "")
 
     #: what every run's summary holds, whatever its design (the rest: its ledgers')
     COMMON = ("mode", "topology", "ranks", "updates", "env_steps", "wall_s", "startup_s",

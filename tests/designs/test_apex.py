@@ -30,6 +30,7 @@ def test_every_transition_is_inserted_and_every_count_adds_up(tmp_path, nranks, 
     assert s["transitions_sent"] == s["transitions_inserted"] >= 4000
     assert s["replay_evicted"] > 0                        # 1200 / R slots each: FIFO at work
     assert s["env_steps"] >= 4000 and s["updates"] > 0
+    assert s["reply_progress"] == "thread"     # auto: the learner shares its node here
     assert s["transitions_sampled"] >= 32 * s["updates"]
     inserted = sampled = applied = 0
     for r in range(1, 1 + replays):
@@ -52,6 +53,16 @@ def test_every_transition_is_inserted_and_every_count_adds_up(tmp_path, nranks, 
     assert role == "actor" and (u["inserted"] == 16).all()      # 2 envs x 8 steps per block
     assert u["env_s"].sum() > 0 and u["send_s"].sum() >= 0
     assert s["bytes_per_env_step"] > 0
+
+
+def test_a_learner_alone_on_its_node_gets_no_progress_thread(tmp_path):
+    """--reply-progress auto (the default) gives the learner a progress thread only where
+    it shares its node (every run above: "thread"); MPIR_CVAR_NOLOCAL=1 makes MPICH take
+    every rank for a node of its own, and the replies then move inside its calls."""
+    job, s = train(tmp_path, 3, *APEX, "--total-steps", "1000",
+                   env={"MPIR_CVAR_NOLOCAL": "1"})
+    assert s["reply_progress"] == "calls" and s["updates"] > 0
+    assert "reply, which moved inside the learner's own MPI calls" in job.output
 
 
 def test_training_intensity_bounds_samples_per_insert(tmp_path):

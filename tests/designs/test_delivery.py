@@ -60,6 +60,7 @@ def test_a_broadcast_leaves_the_learner_once_not_once_per_actor(runs):
     tmp_path, summaries = runs
     push, cast = summaries["push"], summaries["cast"]
     assert push["broadcasts_sent"] == push["broadcasts_received"] == 0
+    assert (push["reply_progress"], cast["reply_progress"]) == ("calls", "")
     assert 0 < cast["broadcasts_sent"] <= cast["updates"]
     assert cast["broadcasts_received"] == 4 * cast["broadcasts_sent"]      # the ledger's
     assert cast["unrolls_sent"] == cast["unrolls_used"] + cast["unrolls_dropped"]
@@ -86,6 +87,7 @@ def test_apex_broadcasts_to_its_actors_past_the_replay_ranks(runs):
     tmp_path, summaries = runs
     s = summaries["apex"]
     assert 0 < s["broadcasts_sent"] <= s["updates"] // 3
+    assert s["reply_progress"] == ""             # no reply carries parameters: no thread
     assert s["broadcasts_received"] == 3 * s["broadcasts_sent"]
     assert s["transitions_sent"] == s["transitions_inserted"]
     with h5py.File(tmp_path / "apex" / "rank0004.h5", "r") as f:
@@ -104,9 +106,11 @@ def test_apex_broadcasts_to_its_actors_past_the_replay_ranks(runs):
     (["--mode", "apex", "--refresh-every", "3"],
      "refresh_every=3 times apex's broadcasts, and this run pushes"),
     (["--mode", "apex", "--reply-progress", "spin"],
-     "reply_progress='spin' is not allowed; choose one of: thread, calls"),
+     "reply_progress='spin' is not allowed; choose one of: auto, thread, calls"),
     (["--mode", "apex", "--reply-progress", "calls", "--param-delivery", "broadcast"],
      "reply_progress='calls' moves the push's parameter replies, and this run broadcasts"),
+    (["--mode", "apex", "--reply-progress", "thread", "--param-delivery", "broadcast"],
+     "allowed with broadcast: reply_progress auto (the default)"),
     (["--reply-progress", "calls"], "reply_progress='calls' is not taken by mode='impala'"),
 ])
 def test_delivery_refusals_are_one_line(flags, fragment):

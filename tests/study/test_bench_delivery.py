@@ -77,7 +77,7 @@ def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, text):
     ("apex", "4x2:cyclic", "training-apex-4x2-cyclic"),
     ("apex", "2x4:cyclic", "training-apex-2x4-cyclic"), ("apex", "2x4", "training-apex-2x4"),
     ("apex", "4x2", "training-apex-4x2"),
-    # --ways push,push-calls --out docs/figures/delivery/reply-progress
+    # measured with --ways push,push-calls (push: the thread, then the default)
     ("apex", "2x4", "reply-progress/training-apex-2x4"),
     ("apex", "8x1", "reply-progress/training-apex")])
 def test_training_tables_rewrite_byte_for_byte_from_their_json(tmp_path, mode, text, table):
