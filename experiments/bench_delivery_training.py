@@ -40,9 +40,10 @@ distribution; ``python -m mpirl.cluster exec --placement cyclic``), and adds a w
 Its tables go to ``training[-apex]-NxP[-cyclic].md`` and ``.json``.
 
 apex's push replies move as ``--reply-progress auto`` (the default) has them: on the
-learner's progress thread where it shares its node with another rank, inside its own MPI
-calls where it is alone (8 x 1).  ``--push-calls`` adds the ways ``push-thread``
-(``--reply-progress thread``) and ``push-calls`` (``--reply-progress calls``: only inside
+learner's progress thread where a replay rank shares its node (4 x 2 and 2 x 4 in blocks),
+inside its own MPI calls where its batches come over the network (8 x 1, round robin).
+``--push-calls`` adds the ways ``push-thread`` (``--reply-progress thread``) and
+``push-calls`` (``--reply-progress calls``: only inside
 the learner's own MPI calls, as every apex table measured before the thread; at
 ``--layout 4x2`` in blocks it does not end).  Each run records which it had (summary.json's
 ``reply_progress``), and a table says so.  ``--ways push-thread,push-calls`` runs only the
@@ -211,8 +212,10 @@ def write(out: Path, results: dict, args) -> None:
                 "ring-every-4": "`ring-every-4`: the same, a broadcast every 4th update "
                                 "(`--refresh-every 4`)",
                 "hierarchical:ring": two_level[2:],
-                "push-thread": "`push-thread`: the push with `--reply-progress thread`",
-                "push-calls": "`push-calls`: the same with `--reply-progress calls`"}
+                "push-thread": "`push-thread`: each actor asks every 400 env steps and "
+                               "the reply carries a copy, moved on the learner's progress "
+                               "thread (`--reply-progress thread`)",
+                "push-calls": "`push-calls`: the same push with `--reply-progress calls`"}
         ways = [said[w] for w in results[RATES[0]] if said.get(w)]
         setup = (f"the learner, one replay rank and {actors} actors. apex (SAC)",
                  "; ".join(["2 envs x 64 steps per rollout", *ways,
@@ -253,14 +256,15 @@ def write(out: Path, results: dict, args) -> None:
         f"{rate} {way} " + " / ".join(f"{t['steps_per_s']:.0f}" for t in runs)
         for rate, by_way in results.items() for way, runs in by_way.items()) + "."]
     if args.mode == "apex" and "push" in results[RATES[0]]:
-        progress = results[RATES[0]]["push"][0].get("reply_progress", "calls")
-        lines += ["", "The push's replies moved " + (
-            "on the learner's progress thread (`--reply-progress thread`, which `auto`, "
-            "the default, picks where the learner shares its node)"
-            if progress == "thread" else "only inside the learner's own MPI calls (measured "
-            "before the learner's progress thread where the table's runs do not say: "
-            "`--reply-progress calls` now, which `auto`, the default, picks where the "
-            "learner is alone on its node)") + "."]
+        progress = results[RATES[0]]["push"][0].get("reply_progress")   # None: before it
+        lines += ["", "The push's replies moved " + {
+            "thread": "on the learner's progress thread (`--reply-progress thread`, or "
+                      "`auto`, the default, with a replay rank on the learner's node)",
+            "calls": "only inside the learner's own MPI calls (`--reply-progress calls`, or "
+                     "`auto`, the default, with the learner's batches coming over the "
+                     "network)"}.get(progress, "only inside the learner's own MPI calls "
+                                               "(measured before the learner's progress "
+                                               "thread: `--reply-progress calls` now)") + "."]
     if per > 1:
         lines += ["", "Learner MiB sent: every byte rank 0 sent, to ranks on its own node "
                   "(shared memory) as well as over its link."]

@@ -96,6 +96,7 @@ class ChannelServer:
 
     def wait_any(self, *, timeout_s: float | None, only=None) -> int:
         """The next client whose request has arrived (its bytes in ``buffers[client]``)."""
+        self._check()
         reqs = self._recv if only is None else [
             r if c in only else MPI.REQUEST_NULL
             for c, r in zip(self.clients, self._recv, strict=True)]
@@ -109,6 +110,7 @@ class ChannelServer:
 
     def ready(self) -> list[int]:
         """Every client whose request has arrived, without waiting."""
+        self._check()
         statuses = [MPI.Status() for _ in self.clients]
         indices = MPI.Request.Testsome(self._recv, statuses) or []
         if indices == MPI.UNDEFINED:
@@ -118,8 +120,7 @@ class ChannelServer:
     def reply(self, client: int, message: np.ndarray, *, tag: int, last: bool = False) -> None:
         """Send ``message`` (kept untouched until the next reply to ``client``) and listen
         for the client's next request, unless this is its ``last`` reply."""
-        if self._progress is not None:
-            self._progress.check()
+        self._check()
         self._finish(client)
         data = as_bytes(message)
         with self._lock:
@@ -137,6 +138,13 @@ class ChannelServer:
         """Clients whose receive is armed (a request of theirs is still expected)."""
         return [c for c, r in zip(self.clients, self._recv, strict=True) if r != MPI.REQUEST_NULL]
 
+    def _check(self) -> None:
+        """Raise the progress thread's error, if it ended by one: a dead thread would
+        leave requests unseen and replies held, and the clients would time out naming
+        this server instead."""
+        if self._progress is not None:
+            self._progress.check()
+
     def _finish(self, client: int) -> None:
         with self._lock:
             req = self._send.pop(client, None)
@@ -145,6 +153,7 @@ class ChannelServer:
 
     def close(self, *, timeout_s: float | None) -> None:
         """Complete every reply; no client may still be expected to send."""
+        self._check()
         waiting = self.pending()
         if waiting:
             raise TopologyError(f"channel closed with requests of ranks {waiting} expected")

@@ -40,10 +40,10 @@ class ActorLearnerFields:
         "apex with --param-delivery push: how the learner's parameter replies travel while "
         "it trains: 'thread' (a thread of the learner's lets MPI progress, so replies move "
         "and requests land while it computes), 'calls' (only inside the learner's own MPI "
-        "calls), or 'auto': thread where the learner shares its node with another rank "
-        "(MPICH then polls the network only when shared memory is idle, and a learner "
-        "fed through shared memory holds its replies), calls where it is alone (there the "
-        "thread only slowed the learner's compute, measured)", default="auto")
+        "calls), or 'auto': thread where a replay rank shares the learner's node (MPICH "
+        "polls the network only when shared memory is idle, and a learner fed through "
+        "shared memory holds its replies), calls where its batches come over the network "
+        "(there the thread only slowed the learner's compute, measured)", default="auto")
     max_policy_lag: int = doc("impala/seed/ga3c: unrolls whose parameters are more than "
                                "this many updates old are dropped (counted); 0 = no bound",
                                default=0)

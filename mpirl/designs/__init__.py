@@ -110,16 +110,21 @@ def _gradients_line(s: Summary) -> str:
     return line
 
 
+def _delivery_line(s: Summary) -> str:
+    if not s.reply_progress:             # broadcast: no reply carries parameters
+        return (f"parameter broadcasts: {s.broadcasts_sent} started, "
+                f"{s.broadcasts_received} joined by actors")
+    where = ("on the learner's progress thread" if s.reply_progress == "thread"
+             else "inside the learner's own MPI calls")
+    return f"parameters pushed in the actors' replies, which moved {where}"
+
+
 #: one summary line per ledger (:data:`mpirl.registry.LEDGERS`)
 LEDGER_LINES: dict[str, Callable[[Summary], str]] = {
     "gradients": _gradients_line,
     "unrolls": lambda s: (f"unrolls: {s.unrolls_sent} sent = {s.unrolls_used} used + "
                           f"{s.unrolls_dropped} dropped"),
-    "delivery": lambda s: (
-        f"parameter broadcasts: {s.broadcasts_sent} started, {s.broadcasts_received} joined "
-        "by actors" if not s.reply_progress else "parameters pushed in each actor's reply, "
-        "which moved " + ("on the learner's progress thread" if s.reply_progress == "thread"
-                          else "inside the learner's own MPI calls")),
+    "delivery": _delivery_line,
     "lag": lambda s: (f"policy lag mean {s.mean_policy_lag:.2f}, p95 {s.p95_policy_lag:.0f} "
                       f"updates; {s.bytes_per_env_step:.0f} bytes per env step; actors' env "
                       f"share {100 * s.actor_env_share:.1f}%"),

@@ -82,11 +82,11 @@ def run_apex(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     learner, actor = start_replica(cfg, comm, with_actor=rank >= first_actor, build=build_dqn)
     layout = TransitionLayout(learner.obs_space.shape, cfg.rollout_steps * cfg.num_envs,
                               cfg.replay_batch, learner.action_shape)
-    actors, replies = list(range(first_actor, size)), reply_progress(cfg, comm)  # collective
+    actors, way = [*range(first_actor, size)], reply_progress(cfg, comm, range(1, first_actor))
     ends = open_ends(cfg, comm, None if 0 < rank < first_actor else 0, rank == 0,
                      learner.params.size)        # --param-delivery broadcast: to the actors
     if rank == 0:
-        part = ApexLearner(cfg, comm, learner, layout, actors, run_dir, ends, replies)
+        part = ApexLearner(cfg, comm, learner, layout, actors, run_dir, ends, way)
     elif rank < first_actor:    # replay r holds actors r - 1, r - 1 + R, ... (after them)
         served = [a for a in actors if 1 + (a - first_actor) % shards == rank]
         part = ReplayRank(cfg, comm, layout, served, [0], run_dir)
@@ -198,15 +198,15 @@ class ApexLearner:
 
     def __init__(self, cfg: Config, comm: MPI.Comm, learner: DqnLearner,
                  layout: TransitionLayout, actors: list[int], run_dir: Path,
-                 delivery: Delivery, replies: str) -> None:
+                 delivery: Delivery, reply_way: str) -> None:
         self.cfg, self.comm, self.learner, self.layout = cfg, comm, learner, layout
-        self.delivery, self.replies = delivery, replies
+        self.delivery, self.reply_way = delivery, reply_way      # thread or calls
         self.shards = list(range(1, 1 + cfg.replay_ranks))
         self.samplers = {s: SampleClient(comm, s, layout, cfg.wait_timeout_s)
                          for s in self.shards}
         self.params = ParamService(comm, actors, REQUEST_META, learner.params.size,
                                    pushes=delivery.pushes,
-                                   progress=replies == "thread")
+                                   progress=reply_way == "thread")
         self.version = 0
         # judged on the greediest actor (epsilon ~ 0): the others explore by design
         self.book = Book(cfg, judges=1)
@@ -363,7 +363,7 @@ class ApexLearner:
                 **self.delivery.counts(len(self.params.taken))}
 
     def fill(self, summary: Summary) -> None:
-        summary.updates, summary.reply_progress = self.version, self.replies
+        summary.updates, summary.reply_progress = self.version, self.reply_way
         summary.wall_s = self.progress.elapsed()
         summary.phase_s = dict(self.phases)
         summary.reached_target = self.book.solved

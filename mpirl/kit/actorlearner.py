@@ -49,28 +49,30 @@ def meta_nbytes() -> int:
     return 8 * len(REPLY_META)
 
 
-def reply_progress(cfg, comm: MPI.Comm, learner: int = 0) -> str:
+def reply_progress(cfg, comm: MPI.Comm, feeders: range, learner: int = 0) -> str:
     """How the parameter replies of the push leave ``learner``: ``thread`` or ``calls``
     (``cfg.reply_progress``; ``auto`` decided here), or ``""`` where parameters are
     broadcast (no reply carries them).  Collective over ``comm`` under ``auto``.
 
     MPICH's ch4 polls the network only when a poll made no progress in shared memory, so
-    a learner that shares its node with another rank, whose few MPI calls per update keep
-    finding shared-memory traffic, neither moves its replies over the link nor takes its
-    remote actors' requests (at 4 x 2 in blocks the push never ended): ``auto`` gives it
-    the thread.  Alone on its node every poll reaches the network, and the thread only
-    took CPU from its compute (at 8 x 1, 13-27% fewer updates/s, with the same env steps/s
-    and the same policy lag in seconds): ``auto`` leaves it out."""
+    a learner fed through shared memory (one of its ``feeders``, the ranks whose batches
+    it trains on, on its node), whose few MPI calls per update keep finding that traffic,
+    neither moves its replies over the link nor takes its remote actors' requests (at 4 x
+    2 in blocks the push never ended): ``auto`` gives it the thread.  Fed over the network
+    its calls find shared memory idle and reach the network, and the thread only took CPU
+    from its compute (at 8 x 1, 19-27% fewer updates/s, with the same env steps/s and the
+    same policy lag in seconds): ``auto`` leaves it out."""
     if cfg.param_delivery != "push":
         return ""
     if cfg.reply_progress != "auto":
         return cfg.reply_progress
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        shared = comm.bcast(node.Get_size() > 1, root=learner)
+        beside = node.allgather(comm.Get_rank())
     finally:
         node.Free()
-    return "thread" if shared else "calls"
+    fed_beside = comm.bcast(any(rank in feeders for rank in beside), root=learner)
+    return "thread" if fed_beside else "calls"
 
 
 class ParamService:

@@ -1,14 +1,16 @@
 """The actor-learner designs' shared parts in one process: the learner's unroll queue
-(policy-lag bound, accounting) and the inference batcher's sizes."""
+(policy-lag bound, accounting), the inference batcher's sizes and apex's reply way."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import gymnasium
 import numpy as np
 import pytest
 
 from mpirl.config import Config
-from mpirl.kit.actorlearner import UnrollQueue, lag_stats
+from mpirl.kit.actorlearner import UnrollQueue, lag_stats, reply_progress
 from mpirl.kit.inference import Batcher
 from mpirl.parts.unroll import UNROLL_META, UnrollLayout
 
@@ -61,3 +63,14 @@ def test_batch_sizes(mode, policy, batch, envs, actors, requests):
     assert b.policy == ("fixed" if (mode, policy) in (("seed", "auto"), ("seed", "fixed"))
                         else "drain")
     assert b.requests == requests
+
+
+@pytest.mark.parametrize("delivery, asked, way", [("broadcast", "auto", ""),
+                                                  ("push", "thread", "thread"),
+                                                  ("push", "calls", "calls")])
+def test_the_reply_way_is_decided_without_mpi_where_the_flags_decide_it(delivery, asked, way):
+    """Only ``auto`` with the push asks MPI where the learner's feeders are (a collective
+    every rank makes): a broadcast's replies carry no parameters, and an explicit way is
+    kept (the communicator is not touched: None here)."""
+    cfg = SimpleNamespace(param_delivery=delivery, reply_progress=asked)
+    assert reply_progress(cfg, None, range(1, 2)) == way

@@ -55,14 +55,19 @@ def test_every_transition_is_inserted_and_every_count_adds_up(tmp_path, nranks, 
     assert s["bytes_per_env_step"] > 0
 
 
-def test_a_learner_alone_on_its_node_gets_no_progress_thread(tmp_path):
+def test_a_learner_fed_over_the_network_gets_no_progress_thread_unless_asked(tmp_path):
     """--reply-progress auto (the default) gives the learner a progress thread only where
-    it shares its node (every run above: "thread"); MPIR_CVAR_NOLOCAL=1 makes MPICH take
-    every rank for a node of its own, and the replies then move inside its calls."""
-    job, s = train(tmp_path, 3, *APEX, "--total-steps", "1000",
-                   env={"MPIR_CVAR_NOLOCAL": "1"})
+    a replay rank shares its node (every run above: "thread"); MPIR_CVAR_NOLOCAL=1 makes
+    MPICH take every rank for a node of its own, and the replies then move inside its
+    calls, unless --reply-progress thread asks for the thread."""
+    nolocal = {"MPIR_CVAR_NOLOCAL": "1"}
+    job, s = train(tmp_path, 3, *APEX, "--total-steps", "1000", env=nolocal)
     assert s["reply_progress"] == "calls" and s["updates"] > 0
-    assert "reply, which moved inside the learner's own MPI calls" in job.output
+    assert "replies, which moved inside the learner's own MPI calls" in job.output
+    job, s = train(tmp_path, 3, *APEX, "--total-steps", "1000", "--reply-progress", "thread",
+                   name="asked", env=nolocal)
+    assert s["reply_progress"] == "thread"
+    assert "replies, which moved on the learner's progress thread" in job.output
 
 
 def test_training_intensity_bounds_samples_per_insert(tmp_path):

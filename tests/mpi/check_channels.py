@@ -108,13 +108,21 @@ def check_request_reply_rounds_with_the_thread(progress: bool) -> None:
     report(f"{ROUNDS} rounds of request and reply with {way}: whole and in order", problems)
 
 
+#: the server's calls that must raise its dead progress thread's error
+DEAD_THREAD_RAISES = {
+    "reply": lambda server: server.reply(1, np.zeros(8, dtype=np.uint8), tag=TAG),
+    "ready": lambda server: server.ready(),
+    "close": lambda server: server.close(timeout_s=5)}
+
+
 def check_a_failed_thread_is_raised_by_the_server() -> None:
     """An error in the progress thread ends it, and the server's next reply raises it, and
-    so does its close: a server whose thread died must not go on holding its replies
-    silently.  (Rank 0 alone: the error is made by replacing the thread's poll.)"""
+    so do its next look for requests and its close: a server whose thread died must not
+    go on holding its replies, or missing its clients' requests, silently.  (Rank 0
+    alone: the error is made by replacing the thread's poll.)"""
     problems: list[str] = []
     if rank == 0:
-        for end in ("reply", "close"):
+        for end, call in DEAD_THREAD_RAISES.items():
             server = ChannelServer(comm, [], 8, progress=True)
 
             def broken() -> None:
@@ -126,10 +134,7 @@ def check_a_failed_thread_is_raised_by_the_server() -> None:
                 problems.append("the progress thread outlived its failed poll by 30 s")
                 continue
             try:
-                if end == "reply":
-                    server.reply(1, np.zeros(8, dtype=np.uint8), tag=TAG)
-                else:
-                    server.close(timeout_s=5)
+                call(server)
             except TopologyError as err:
                 if "a poll that fails" not in str(err):
                     problems.append(f"the server's {end} raised {err}, not the thread's error")
@@ -137,7 +142,7 @@ def check_a_failed_thread_is_raised_by_the_server() -> None:
                 problems.append(f"the server's {end} raised {err!r}, not the thread's error")
             else:
                 problems.append(f"the server's {end} did not raise the thread's error")
-    report("a failed progress thread: its error is raised by the next reply and by close",
+    report("a failed progress thread: its error is raised by reply, ready and close",
            problems)
 
 

@@ -79,6 +79,10 @@ def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, text):
     ("apex", "4x2", "training-apex-4x2"),
     # measured with --ways push,push-calls (push: the thread, then the default)
     ("apex", "2x4", "reply-progress/training-apex-2x4"),
+    # --ways push-thread,push-calls
+    ("apex", "2x4:cyclic", "reply-progress/training-apex-2x4-cyclic"),
+    # the 2 x 4 blocks table as measured before the thread (stop 48's)
+    ("apex", "2x4", "before-thread/training-apex-2x4"),
     ("apex", "8x1", "reply-progress/training-apex")])
 def test_training_tables_rewrite_byte_for_byte_from_their_json(tmp_path, mode, text, table):
     """experiments/bench_delivery_training.py --rewrite on a copy of a committed table's
