@@ -132,6 +132,12 @@ def test_bad_elastic_launches_are_one_line(cluster):
     assert done.returncode == 2 and "choose one" in done.stderr, done.stderr
 
 
+#: an env whose every step sleeps 2 ms, so that attempt 1 (2 ranks x 2 envs: at most 1000
+#: env steps/s) still runs when node1 is back: on CartPole a fast machine spent the
+#: budget's last 50k steps in 12.5 s, before node1's slurmd had registered again
+PACED = ["--env", "Delay-v0", "--env-arg", "cost_s=0.002"]
+
+
 def job_nodes(job_id: str) -> str:
     out = cli("login", "--", "scontrol", "show", "job", "-o", job_id).stdout
     return next((w.split("=", 1)[1] for w in out.split() if w.startswith("NodeList=")), "")
@@ -150,7 +156,7 @@ def test_a_slurm_job_goes_on_without_a_dead_node_and_takes_it_back(cluster, tmp_
            "MPIRL_COMMIT_EVERY": "3"}
     done = cli("login", "--", "sbatch", "-N", "3", "--ntasks-per-node=1",
                f"--output={tmp_path / 'out.txt'}", "experiments/slurm/elastic.sbatch",
-               "--env", "CartPole-v1", "--num-envs", "2", "--rollout-steps", "32",
+               *PACED, "--num-envs", "2", "--rollout-steps", "32",
                "--log-flush-every", "1", "--log-every", "5", "--total-steps", "60000", env=env)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split()[-1]
