@@ -40,7 +40,7 @@ from ..config import Config
 from ..kit import ledger
 from ..kit.actorlearner import (REPLY_META, TAG_KEEP, TAG_PARAMS, TAG_STOP, AccountingError,
                                 UnrollQueue, VtraceTrainer, actor_counts, meta_nbytes,
-                                params_reply, end_run, take_reply)
+                                params_reply, end_run, reply_progress, take_reply)
 from ..kit.book import Book
 from ..kit.common import Episodes, Summary, print_layout, start_replica
 from ..kit.delivery import Delivery, open_ends
@@ -326,6 +326,7 @@ class ImpalaLearner:
 
     def fill(self, summary: Summary) -> None:
         summary.updates = self.version
+        summary.reply_progress = reply_progress(self.cfg, self.comm, feeders=range(0))
         summary.env_steps = self.book.env_steps
         summary.wall_s = self.progress.elapsed()
         summary.phase_s = dict(self.phases)

@@ -66,6 +66,8 @@ def reply_progress(cfg, comm: MPI.Comm, feeders: range, learner: int = 0) -> str
         return ""
     if cfg.reply_progress != "auto":
         return cfg.reply_progress
+    if not feeders:             # impala: fed by its actors' unrolls; its server has no thread
+        return "calls"
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         beside = node.allgather(comm.Get_rank())

@@ -110,8 +110,7 @@ class Summary:
     def of(cls, cfg, ranks: int, learner) -> "Summary":
         """A run's summary before its figures: its design, rank count, gradient size."""
         return cls(mode=cfg.mode, topology=cfg.topology, ranks=ranks,
-                   gradient_bytes=learner.grad.nbytes,
-                   reply_progress="calls" if cfg.param_delivery == "push" else "")
+                   gradient_bytes=learner.grad.nbytes)
 
     #: what every run's summary holds, whatever its design (the rest: its ledgers')
     COMMON = ("mode", "topology", "ranks", "updates", "env_steps", "wall_s", "startup_s",

@@ -74,3 +74,9 @@ def test_the_reply_way_is_decided_without_mpi_where_the_flags_decide_it(delivery
     kept (the communicator is not touched: None here)."""
     cfg = SimpleNamespace(param_delivery=delivery, reply_progress=asked)
     assert reply_progress(cfg, None, range(1, 2)) == way
+
+
+def test_a_learner_fed_by_its_actors_alone_moves_replies_in_its_calls():
+    """impala's learner (no feeders but its actors): calls, with no MPI asked."""
+    cfg = SimpleNamespace(param_delivery="push", reply_progress="auto")
+    assert reply_progress(cfg, None, range(0)) == "calls"
