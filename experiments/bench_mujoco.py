@@ -12,8 +12,11 @@
 
 Each (env, seed) is one run of the configuration with ``--env`` and ``--seed`` changed,
 launched as users launch it (``mpiexec -n RANKS python -m mpirl.run``), into ``--runs``
-(a run whose ``summary.json`` exists is not run again, so an interrupted benchmark
-continues, and seeds started by hand with the same command are picked up).  The table
+(a run whose ``summary.json`` exists is not run again, and seeds started by hand with the
+same command are picked up; a run stopped by SIGTERM/Ctrl-C or killed is continued from
+its checkpoints with ``--resume``, to the parameters an uninterrupted run reaches: SAC's
+sync-replay checkpoints its replay every 5000 rollouts, so a 2-hour run can be spread
+over several sittings).  The table
 (docs/figures/mujoco/ALGO.md) gives, per env, the mean +- std over seeds of the final
 mean return (the last 20 episodes of every rank) beside the published figure, and
 whether it falls within the published band (mean +- std); the figure (ALGO.png) draws
@@ -62,38 +65,55 @@ def run_dir(algo: str, env: str, seed: int, runs: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
+def unfinished(algo: str, env: str, seed: int, runs: Path) -> Path | None:
+    """The newest run of (algo, env, seed) under ``runs`` that checkpointed and did not
+    finish (stopped or killed: to resume), or None."""
+    found = sorted(ckpt.parent.parent for ckpt in
+                   (runs / f"{algo}-{env}-s{seed}").glob("*/checkpoints/rank0000.pt")
+                   if not (ckpt.parent.parent / "summary.json").exists())
+    return found[-1] if found else None
+
+
 def launch(algo: str, env: str, seed: int, steps: int, ranks: int, runs: Path,
            threads: int) -> subprocess.Popen:
-    """Start the run of (algo, env, seed) as users start it; ``threads`` torch threads
-    per rank (0: mpirl's default, the cores shared among the ranks)."""
+    """Start the run of (algo, env, seed) as users start it, or resume its interrupted
+    one; ``threads`` torch threads per rank (0: mpirl's default, the cores shared among
+    the ranks)."""
     name = f"{algo}-{env}-s{seed}"
     argv = ["--config", str(ROOT / "experiments" / ALGOS[algo][0]), "--env", env,
             "--seed", str(seed), "--total-steps", str(steps), "--run-dir", str(runs / name)]
     if algo == "sac":     # one averaged update of 256 per env step at any rank count
         argv += ["--replay-batch", str(256 // ranks), "--update-repeat", str(ranks)]
+    stopped = unfinished(algo, env, seed, runs)
+    if stopped is not None:                 # its config.yaml holds all of the above
+        argv = ["--resume", str(stopped)]
     if threads:
         argv += ["--torch-threads", str(threads)]
     cmd = mpiexec_command(ranks, [sys.executable, "-m", "mpirl.run", *argv])
     print(" ".join(cmd), flush=True)
-    log = open(runs / f"{name}.log", "w")      # noqa: SIM115 (closed with the process)
+    log = open(runs / f"{name}.log", "a")      # noqa: SIM115 (closed with the process)
     return subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=log,
                             stderr=subprocess.STDOUT)
 
 
 def run_all(algo: str, cases: list[tuple[str, int]], steps: int, ranks: int, runs: Path,
-            jobs: int) -> None:
-    """Run every (env, seed) without a finished run, ``jobs`` at a time; with several at
-    once every rank gets one torch thread, so the jobs do not fight for cores."""
+            jobs: int, threads: int = 0) -> None:
+    """Run every (env, seed) without a finished run, ``jobs`` at a time, ``threads`` torch
+    threads per rank (0: mpirl's default for one job; with several at once every rank
+    gets one, so the jobs do not fight for cores)."""
     runs.mkdir(parents=True, exist_ok=True)
     todo = [case for case in cases if run_dir(algo, *case, runs) is None]
-    threads = 1 if jobs > 1 else 0
+    threads = threads or (1 if jobs > 1 else 0)
     running: list[tuple[tuple[str, int], subprocess.Popen]] = []
     while todo or running:
         while todo and len(running) < jobs:
             case = todo.pop(0)
             running.append((case, launch(algo, *case, steps, ranks, runs, threads)))
         case, proc = running.pop(0)
-        if proc.wait(timeout=12 * 3600):
+        if proc.wait(timeout=12 * 3600) in (130, 143):     # SIGINT, SIGTERM: checkpointed
+            raise SystemExit(f"{algo} {case}: stopped by a signal with a checkpoint; the "
+                             "same command resumes it")
+        if proc.returncode:
             raise SystemExit(f"{algo} {case}: the run failed (exit {proc.returncode}); "
                              f"see {runs / f'{algo}-{case[0]}-s{case[1]}.log'}")
 
@@ -164,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench_mujoco")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once (each rank one torch thread when above 1)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (default: mpirl's, or 1 with --jobs "
+                             "above 1); keep it across the sittings of a resumed run")
     args = parser.parse_args(argv)
     _config, _reference, steps, ranks, _source = ALGOS[args.algo]
     args.steps = args.steps or steps
@@ -173,10 +196,11 @@ def main(argv: list[str] | None = None) -> None:
                      "its batch)")
     args.envs = args.envs or (["Hopper-v5", "HalfCheetah-v5", "Walker2d-v5"]
                               if args.algo == "ppo" else ["Hopper-v5"])
-    if args.jobs < 1:
-        parser.error(f"--jobs {args.jobs}: allowed: 1 or more")
+    if args.jobs < 1 or args.threads < 0:
+        parser.error(f"--jobs {args.jobs}, --threads {args.threads}: allowed: --jobs 1 or "
+                     "more, --threads 0 (the default) or more")
     cases = [(env, seed) for env in args.envs for seed in args.seeds]
-    run_all(args.algo, cases, args.steps, args.ranks, args.runs, args.jobs)
+    run_all(args.algo, cases, args.steps, args.ranks, args.runs, args.jobs, args.threads)
     results: dict[str, list[dict]] = {}
     curves: dict[str, list[tuple]] = {}
     for env, seed in cases:

@@ -88,6 +88,9 @@ class Design:
     defaults: tuple[tuple[str, object], ...] = ()
     #: its ranks may be survived (``--on-failure shrink``: every rank holds the state)
     shrinkable: bool = False
+    #: its gradients pass a guard before they travel: ``--fail`` injects there, and
+    #: ``--nan-policy`` acts there (False: both refused at start)
+    guarded: bool = True
     #: (flag, ``module:function``) pairs: the entry that runs instead of :attr:`entry`
     #: when the boolean config ``flag`` is set (a variant of the design's loop)
     variants: tuple[tuple[str, str], ...] = ()
@@ -160,11 +163,12 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "every rank's gradient, averaged by the topology's allreduce; transitions stay "
            "on their rank",
            serving=lambda cfg: (), learner="replay", ledgers=("gradients", "transitions"),
-           topology_use="allreduce",
+           topology_use="allreduce", checkpoints="replica",
            # 8 updates per rollout (4 samples per env step at 4 ranks of 64 steps, SB3
            # zoo's DQN takes 32): with 1, DQN collapsed on CartPole for 1 seed in 3;
-           # experiments/bench_design_defaults.py measures both
-           defaults=(("update_repeat", 8),)),
+           # experiments/bench_design_defaults.py measures both.  A checkpoint holds the
+           # replay (up to hundreds of MB): every 5000 rollouts, not sync's 100
+           defaults=(("update_repeat", 8), ("checkpoint_every", 5000))),
     Design("async", "mpirl.designs.paramserver:run_async",
            "rank 0 is a parameter server that applies each worker's gradient on arrival and "
            "answers that worker alone: A3C; --servers S shards it",
@@ -187,6 +191,7 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            serving=lambda cfg: ("learner",) * cfg.learners, experience_role="actor",
            deciding=lambda cfg, size: list(range(cfg.learners)),
            ledgers=("unrolls", "lag", "delivery"), lagged=True, topology_use="learners",
+           guarded=False,
            options=("learners", "param_refresh", "refresh_every", "param_delivery",
                     *LEARNER_OWNED)),
     Design("seed", "mpirl.designs.seed:run_seed",
@@ -194,14 +199,14 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            "one observation per env step up, an action back",
            serving=lambda cfg: ("learner",), experience_role="actor",
            deciding=lambda cfg, size: [0], ledgers=("unrolls", "lag", "requests"), lagged=True,
-           inference="fixed", options=LEARNER_OWNED),
+           inference="fixed", options=LEARNER_OWNED, guarded=False),
     Design("ga3c", "mpirl.designs.ga3c:run_ga3c",
            "rank 0 trains, rank 1 predicts for every actor: GA3C",
            "observations up, actions back; unrolls predictor -> trainer, parameters back",
            serving=lambda cfg: ("learner", "predictor"), experience_role="actor",
            deciding=lambda cfg, size: [1],    # the predictor; the trainer takes FIFO
            ledgers=("unrolls", "lag", "requests"), lagged=True, inference="drain",
-           options=LEARNER_OWNED),
+           options=LEARNER_OWNED, guarded=False),
     Design("apex", "mpirl.designs.apex:run_apex",
            "rank 0 learns n-step double DQN, ranks 1..R hold prioritized replay "
            "(--replay-ranks R), the others act epsilon-greedily: Ape-X",
@@ -210,7 +215,7 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            serving=lambda cfg: ("learner", *("replay",) * cfg.replay_ranks),
            experience_role="actor", learner="replay",
            deciding=lambda cfg, size: list(range(1 + cfg.replay_ranks)),
-           ledgers=("transitions", "lag", "delivery"), lagged=True,
+           ledgers=("transitions", "lag", "delivery"), lagged=True, guarded=False,
            options=("replay_ranks", "train_intensity", "actor_refresh_steps",
                     "param_delivery", "refresh_every", "reply_progress")),
     Design("gorila", "mpirl.designs.gorila:run_gorila",

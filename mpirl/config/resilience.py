@@ -29,9 +29,10 @@ class ResilienceFields:
         "the communicator and carry on (sync mode; needs ULFM: Open MPI 5 launched with "
         "--with-ft ulfm, see docs/faults.md)", default="stop")
     checkpoint_every: int = doc(
-        "every rank writes a checkpoint (parameters, Adam state, RNG, env state): sync "
-        "every this many rollouts and at the end, async/quorum a snapshot every this many "
-        "server updates; 0 disables (a SIGTERM/SIGINT stop still writes one)", default=100)
+        "every rank writes a checkpoint (parameters, Adam state, RNG, env state): sync and "
+        "sync-replay (with its replay) every this many rollouts and at the end, "
+        "async/quorum a snapshot every this many server updates; 0 disables (a "
+        "SIGTERM/SIGINT stop still writes one)", default=100)
     commit_every: int = doc(
         "elastic training (sync): every this many rollouts the lowest rank on each node "
         "commits the replicated training state to the node's memory ($MPIRL_COMMIT_DIR, "
@@ -70,6 +71,12 @@ def check_resilience(cfg, world_size: int) -> None:
     _check_elastic(cfg)
     at_least("watchdog_s", cfg.watchdog_s, 0.0)
     planned = parse_faults(cfg.fail, world_size)
+    if not design.guarded and (planned or cfg.nan_policy != "stop"):
+        flag = "fail" if planned else f"nan_policy={cfg.nan_policy!r}"
+        raise ConfigError(f"{flag} with mode={cfg.mode!r}: its learner checks no gradient "
+                          "before it is used, so nothing would act on it; allowed with "
+                          f"--fail and --nan-policy skip: mode "
+                          f"{', '.join(registry.modes(guarded=True))}")
     if first != "worker" and planned.get(0, (0, ""))[1] == "nan":
         raise ConfigError(f"fail=0@...:nan: rank 0 is the {first} and computes no gradient "
                           "of a worker's; inject nan on a worker (rank >= 1)")

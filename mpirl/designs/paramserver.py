@@ -157,7 +157,7 @@ class Server:
         if self.resumed:
             restore_generation(cfg, self.saved, run_dir, ps.rank, generation, ps.size)
         self.log = RunLogger(cfg, ps.comm, run_dir, role="server",
-                             resume_rows=self.book.rows if self.resumed else None)
+                             resume_rows={"updates": self.book.rows} if self.resumed else None)
         # the order of the pushes taken: recorded, or enforced (--replay-schedule)
         self.schedule = Schedule(run_dir, ps.rank, cfg.replay_schedule)
         self._apply_timer = PhaseTimer()   # run() times the whole handling of a push

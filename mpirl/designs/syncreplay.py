@@ -18,6 +18,15 @@ transitions stay where they were made.  Identical initial parameters, averaged g
 and Polyak (or copied) targets keep the replicas byte-identical, checked every
 ``--checksum-every`` updates.  The ledgers: every gradient applied, every transition
 inserted and stored or evicted, every priority set.
+
+Checkpoints (``--checkpoint-every`` rollouts, at the end, and on SIGTERM/SIGINT, which
+stops every rank at the same rollout): each rank's replica, Adam's state, its replay
+(records, priorities, ring position, sampling RNG), its envs where they can be captured
+(classic control, MuJoCo), its policy's RNG and the books.  ``--resume RUN_DIR``
+continues to the same parameters as an uninterrupted run, bit for bit, with every log
+row once (warm-up rows and episodes all have update 0: the log is cut back by row
+counts the checkpoint keeps).  A replay of a million transitions makes a checkpoint of
+hundreds of MB, so the design's own ``--checkpoint-every`` is 5000 rollouts.
 """
 
 from __future__ import annotations
@@ -32,11 +41,14 @@ from ..config import Config
 from ..errors import ReplicaDivergence
 from ..kit import ledger
 from ..kit.common import (Episodes, Summary, build_dqn, close_run, comm_share, print_layout,
-                          reached_target, start_replica, sum_over_ranks)
+                          reached_target, say_resumed, start_replica, sum_over_ranks)
 from ..kit.memory import LocalMemory
 from ..parts.replay import beta_at
 from ..parts.transitions import TransitionLayout, initial_priorities
+from ..resilience.checkpoint import TrainingState
+from ..resilience.exchange import load_topology_state, topology_state
 from ..resilience.guard import Guard
+from ..resilience.stop import StopRequested
 from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.schema import LOSSES
@@ -55,15 +67,13 @@ def run_sync_replay(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
             for update in part.updates():               # none while replays warm up
                 batch = memory.batch(part.beta(), part.timer)
                 losses, td = learner.gradient(batch, part.timer)
+                guard.check(update, learner.grad)       # --fail; NaN: 'stop' raises
                 with part.timer("exchange_s"):
                     part.exchange.allreduce(learner.grad, average=True)
-                learner.apply(part.timer)
-                learner.update_target(update)
-                memory.priorities(td, part.beta())
+                part.apply(guard, update, td)           # unless a NaN every rank skips
                 part.record(update, losses)
                 guard.beat(update, "between updates")
-            stopping = part.exchange_stop(guard)
-            if part.rollout_done(last=stopping) or stopping:
+            if part.rollout_ends(guard):    # --target-return; a signal: checkpoint, stop
                 break
     return part.finish()
 
@@ -83,18 +93,28 @@ class ReplayReplica:
         print_layout(self.exchange, self.rank)
         self.exchange.bcast(self.learner.params, root=0)       # identical start
         self.learner.sync_target()
-        generator = torch.Generator().manual_seed(cfg.seed + 10000 * self.rank + 1)
-        self.policy = self.learner.actor_policy(self.rank, self.size, generator)
+        self.generator = torch.Generator().manual_seed(cfg.seed + 10000 * self.rank + 1)
+        self.policy = self.learner.actor_policy(self.rank, self.size, self.generator)
         layout = TransitionLayout(self.learner.obs_space.shape, cfg.steps_per_batch,
                                   cfg.replay_batch, self.learner.action_shape)
         self.memory = LocalMemory(cfg, layout, self.rank, self.size)
         self.timer, self.episodes = PhaseTimer(), Episodes()
-        self.rollouts = self.update = self.env_steps = 0
+        self.rollouts = self.update = self.env_steps = self.skipped = 0
         self.rollout_env_steps = self.rollout_inserted = 0   # carried by its first row
         self.phases: dict[str, float] = {}
+        self.rows = {"updates": 0, "episodes": 0}        # written to this rank's log
         self.solved = False
-        self.progress = Progress(run_dir, enabled=self.rank == 0)
-        self.log = RunLogger(cfg, comm, run_dir, role="worker")
+        self.progress = Progress(run_dir, enabled=self.rank == 0, resume=bool(cfg.resume))
+        self.saved = TrainingState(self, self.learner, self.actor, self.episodes,
+                                   self.progress, self.memory)
+        if cfg.resume:
+            self.saved.restore(run_dir, self.rank)
+            if self.rank == 0:
+                say_resumed(cfg, run_dir, f"at update {self.update} ({self.env_steps} env "
+                            "steps) from its checkpoints")
+        self.log = RunLogger(cfg, comm, run_dir, role="worker",
+                             resume_update=self.update if cfg.resume else None,
+                             resume_rows=dict(self.rows) if cfg.resume else None)
         self.log.watch(self.exchange, waits=(), from_zero=True)
 
     def budget_left(self) -> bool:
@@ -120,11 +140,23 @@ class ReplayReplica:
             self.log.record(self.update, self.timer, env_steps=self.rollout_env_steps,
                             param_version=self.update, inserted=self.rollout_inserted,
                             replay_size=self.memory.size())
+            self.rows["updates"] += 1
             self.rollout_env_steps = 0
             return
         for _ in range(self.cfg.update_repeat):
             self.update += 1
             yield self.update
+
+    def apply(self, guard: Guard, update: int, td) -> None:
+        """The averaged gradient's step, the target's update and the batch's new
+        priorities; under ``--nan-policy skip`` a NaN every rank sees in the average
+        skips all three, counted."""
+        if not guard.usable(self.learner.grad):
+            self.skipped += 1
+            return
+        self.learner.apply(self.timer)
+        self.learner.update_target(update)
+        self.memory.priorities(td, self.beta())
 
     def record(self, update: int, losses: dict) -> None:
         add_phases(self.phases, self.log.record(
@@ -132,29 +164,74 @@ class ReplayReplica:
             staleness=0, inserted=self.rollout_inserted if self.rollout_env_steps else 0,
             sampled=self.cfg.replay_batch, prio_updates=self.cfg.replay_batch,
             replay_size=self.memory.size(), **{k: v for k, v in losses.items() if k in LOSSES}))
+        self.rows["updates"] += 1
         self.rollout_env_steps = 0
         if self.cfg.checksum_every and update % self.cfg.checksum_every == 0:
             self.check_replicas()
 
     def rollout_done(self, last: bool = False) -> bool:
         """Episodes logged; a progress line when due (and on the ``last`` rollout of a
-        stopped run).  True when every rank's recent episodes reach ``--target-return``
-        (collective, the same answer everywhere)."""
+        stopped run); the periodic checkpoint.  True when every rank's recent episodes
+        reach ``--target-return`` (collective, the same answer everywhere)."""
         finished = self.actor.drain_episodes()
         self.episodes.add(finished)
         self.log.episodes(self.update, finished)
+        self.rows["episodes"] += len(finished)
         if self.rollouts % self.cfg.log_every and self.budget_left() and not last:
+            self.checkpoint_when_due(last)
             return False
         return_sum, count = sum_over_ranks(self.comm, self.episodes.take_window())
         self.progress.report(update=self.update, env_steps=self.env_steps, episodes=count,
                              return_sum=return_sum, comm_share=comm_share(self.phases))
         means = [m for m in self.comm.allgather(self.episodes.recent_mean()) if m is not None]
         self.solved = reached_target(self.cfg.target_return, means, self.size)
+        if not self.solved:
+            self.checkpoint_when_due(last)
         return self.solved
 
-    def exchange_stop(self, guard: Guard) -> bool:
-        """Every rank ends at the same rollout when any was signalled (collective)."""
-        return guard.stop_agreed(self.comm)
+    # -- checkpoints: this rank's books are one of its Stateful parts ---------------------
+    def checkpoint_when_due(self, last: bool) -> None:
+        every = self.cfg.checkpoint_every
+        if every and self.rollouts % every == 0 and self.budget_left() and not last:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        self.log.flush()              # the log holds every row the checkpoint covers
+        self.saved.save(self.run_dir, self.rank)
+
+    def stop(self) -> None:
+        """Every rank was asked to stop (a signal): checkpoint, close, and say so."""
+        self.checkpoint()
+        self.log.close()
+        self.progress.close()
+        raise StopRequested(self.update, self.run_dir, self.size)
+
+    def state(self) -> dict:
+        """The books (``world_size``, ``update`` and ``rollouts`` where
+        :func:`~mpirl.resilience.checkpoint.check_set` reads them), the log's row counts,
+        the policy's RNG and the exchange's own state."""
+        return {"world_size": self.size, "rollouts": self.rollouts, "update": self.update,
+                "skipped": self.skipped, "env_steps": self.env_steps,
+                "phases": dict(self.phases), "log_rows": dict(self.rows),
+                "policy_rng": self.generator.get_state(), **topology_state(self.exchange)}
+
+    def load_state(self, state: dict) -> None:
+        self.rollouts, self.update = state["rollouts"], state["update"]
+        self.skipped, self.env_steps = state["skipped"], state["env_steps"]
+        self.phases, self.rows = dict(state["phases"]), dict(state["log_rows"])
+        self.generator.set_state(state["policy_rng"])
+        load_topology_state(self.exchange, state)
+
+    def rollout_ends(self, guard: Guard) -> bool:
+        """After a rollout: True when the run reached ``--target-return``; every rank
+        stops at the same rollout when any was signalled (collective), with a
+        checkpoint, by :class:`StopRequested`."""
+        stopping = guard.stop_agreed(self.comm)
+        if self.rollout_done(last=stopping):
+            return True
+        if stopping:
+            self.stop()
+        return False
 
     def check_replicas(self) -> None:
         digest = self.learner.digest()
@@ -171,11 +248,14 @@ class ReplayReplica:
 
     def finish(self) -> Summary:
         add_phases(self.phases, self.timer.take())
+        if self.cfg.checkpoint_every:
+            self.checkpoint()
         if self.cfg.checksum_every:
             self.check_replicas()
         self.progress.close()
         summary = Summary.of(self.cfg, self.size, self.learner)
         summary.updates, summary.env_steps = self.update, self.env_steps
+        summary.updates_skipped = self.skipped
         summary.wall_s, summary.reached_target = self.progress.elapsed(), self.solved
         summary.param_digest, summary.phase_s = self.learner.param_digest(), self.phases
         summary.comm_share = self.comm.allreduce(comm_share(self.phases)) / self.size

@@ -1,10 +1,14 @@
 """A learner's own prioritized replay, in its process (``--gorila-replay local``, and
 every rank of ``sync-replay``): transitions inserted, batches sampled, priorities set,
-and the transition ledger's counts (:data:`mpirl.kit.ledger.TRANSITIONS`)."""
+the transition ledger's counts (:data:`mpirl.kit.ledger.TRANSITIONS`), and what a
+checkpoint keeps of it."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import torch
 
 from ..config import Config
 from ..parts.replay import PrioritizedReplay
@@ -58,3 +62,21 @@ class LocalMemory:
                 "replay_stored": len(r), "replay_evicted": r.evicted,
                 "transitions_sampled": r.sampled, "priority_sent": self.prio_sent,
                 "priority_updates": r.updated, "priority_stale": r.stale_updates}
+
+    # -- what a checkpoint keeps: Stateful (mpirl.resilience.checkpoint) --------------------
+    PREFIX = "memory."
+
+    def state(self) -> dict:
+        """The replay's records, stamps, priorities and counts (as tensors: the arrays are
+        not copied), the sampling RNG and the ledger's counts, under ``memory.`` keys."""
+        replay = {key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                  for key, value in self.replay.state().items()}
+        return {self.PREFIX + "replay": replay, self.PREFIX + "sent": self.sent,
+                self.PREFIX + "prio_sent": self.prio_sent,
+                self.PREFIX + "rng": json.dumps(self.rng.bit_generator.state)}
+
+    def load_state(self, state: dict) -> None:
+        self.replay.load_state({key: value.numpy() if isinstance(value, torch.Tensor)
+                                else value for key, value in state[self.PREFIX + "replay"].items()})
+        self.sent, self.prio_sent = state[self.PREFIX + "sent"], state[self.PREFIX + "prio_sent"]
+        self.rng.bit_generator.state = json.loads(state[self.PREFIX + "rng"])

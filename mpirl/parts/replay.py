@@ -331,6 +331,37 @@ class PrioritizedReplay:
         self.stale_updates += skipped
         return skipped
 
+    #: the counts a checkpoint keeps besides the records
+    COUNTS = ("inserted", "evicted", "sampled", "updated", "stale_updates")
+
+    def state(self) -> dict:
+        """What continues this replay exactly (numpy arrays and numbers): the records held
+        (slots ``0 .. len - 1``, as raw bytes), their stamps and stored priorities, the
+        ring's next slot, the largest priority seen and the counts.  The sum tree is not
+        kept: every update recomputes ancestors from their children, so the leaves
+        rebuild it bit for bit."""
+        n = self._len
+        return {"records": self.data[:n].view(np.uint8), "itemsize": self.data.itemsize,
+                "stamp": self.stamp[:n], "priority": self._tree[np.arange(n)],
+                "next": self._next, "max_seen": self._max_seen,
+                **{key: getattr(self, key) for key in self.COUNTS}}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from :meth:`state` (a replay of the same capacity and record layout;
+        a ValueError otherwise)."""
+        n = len(state["stamp"])
+        if int(state["itemsize"]) != self.data.itemsize or n > self.capacity:
+            raise ValueError(f"a saved replay of {n} records of {int(state['itemsize'])} "
+                             f"bytes; allowed: at most {self.capacity} records of "
+                             f"{self.data.itemsize} bytes (this replay's layout)")
+        self.data[:n] = np.asarray(state["records"], np.uint8).view(self.data.dtype)
+        self.stamp[:n] = state["stamp"]
+        self._tree.update(np.arange(n), state["priority"])
+        self._len, self._next = n, int(state["next"])
+        self._max_seen = float(state["max_seen"])
+        for key in self.COUNTS:
+            setattr(self, key, int(state[key]))
+
 
 def beta_at(step: int, beta0: float, anneal_steps: int) -> float:
     """The importance-weight exponent at ``step``: linear from ``beta0`` at step 0 to 1 at

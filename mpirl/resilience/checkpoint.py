@@ -166,8 +166,9 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool,
     Raises :class:`UnusableCheckpoints` naming the first problem: a rank's checkpoint
     missing or unreadable (truncated, not a checkpoint), one written by a run with a
     different rank count (or recording none), or, with ``same_update`` (sync, where
-    all ranks stop at the same update), ranks at different updates: a job killed while
-    its ranks were writing, whose replicas would resume apart."""
+    all ranks stop at the same update), ranks at different updates (or, where the files
+    record it, rollouts: sync-replay's warm-up rollouts all end at update 0): a job
+    killed while its ranks were writing, whose replicas would resume apart."""
     import torch
 
     generation = None
@@ -176,7 +177,7 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool,
         if generation is None:
             raise UnusableCheckpoints(f"no checkpoint generation written by all "
                                       f"{world_size} ranks")
-    updates = []
+    updates, rollouts = [], []
     for rank in range(world_size):
         path = path_for(run_dir, rank, generation)
         if not path.is_file():
@@ -194,7 +195,9 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool,
             raise UnusableCheckpoints(f"{path.name} was written by a run of {recorded} "
                                       f"ranks, not {world_size}")
         updates.append(state.get("update", state.get("version")))
-    if same_update and len(set(updates)) > 1:
-        at = ", ".join(f"rank {r}: {u}" for r, u in enumerate(updates))
+        rollouts.append(state.get("rollouts"))
+    if same_update and len(set(zip(updates, rollouts, strict=True))) > 1:
+        at = ", ".join(f"rank {r}: {u}" + ("" if n is None else f" (rollout {n})")
+                       for r, (u, n) in enumerate(zip(updates, rollouts, strict=True)))
         raise UnusableCheckpoints(f"the ranks' checkpoints are of different updates ({at})")
     return updates[0] if isinstance(updates[0], int) else None

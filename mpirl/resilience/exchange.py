@@ -74,21 +74,11 @@ class Exchange:
         self.topology.describe(shapes)
 
     # -- what a checkpoint keeps (error feedback's residuals): Stateful ------------------
-    PREFIX = "exchange."
-
     def state(self) -> dict:
-        """The topology's state (:meth:`topologies.base.Topology.state`) as tensors, under
-        ``exchange.`` keys; none for exchanges without state."""
-        import torch
-
-        return {self.PREFIX + key: torch.from_numpy(value) if isinstance(value, np.ndarray)
-                else value for key, value in self.topology.state().items()}
+        return topology_state(self.topology)
 
     def load_state(self, state: dict) -> None:
-        mine = {key[len(self.PREFIX):]: value.numpy() if hasattr(value, "numpy") else value
-                for key, value in state.items() if key.startswith(self.PREFIX)}
-        if mine:
-            self.topology.load_state(mine)
+        load_topology_state(self.topology, state)
 
     @property
     def size(self) -> int:
@@ -161,3 +151,24 @@ class Exchange:
         if self._shapes is not None:
             self.topology.describe(self._shapes)
         self.topology.load_state(state)
+
+
+#: the checkpoint keys of a topology's own state
+TOPOLOGY_PREFIX = "exchange."
+
+
+def topology_state(topology) -> dict:
+    """A topology's state (:meth:`topologies.base.Topology.state`: error feedback's
+    residuals) as tensors, under ``exchange.`` keys; none for exchanges without state."""
+    import torch
+
+    return {TOPOLOGY_PREFIX + key: torch.from_numpy(value) if isinstance(value, np.ndarray)
+            else value for key, value in topology.state().items()}
+
+
+def load_topology_state(topology, state: dict) -> None:
+    """Put back into ``topology`` what :func:`topology_state` saved (if anything)."""
+    mine = {key[len(TOPOLOGY_PREFIX):]: value.numpy() if hasattr(value, "numpy") else value
+            for key, value in state.items() if key.startswith(TOPOLOGY_PREFIX)}
+    if mine:
+        topology.load_state(mine)

@@ -75,19 +75,19 @@ def read_h5(path: str | Path, read: Callable[[h5py.File], T]) -> T:
                 raise
 
 
-def rows_until(path: Path, update: int | None, count: int | None = None
+def rows_until(path: Path, update: int | None, counts: dict[str, int] | None = None
                ) -> tuple[dict, float]:
     """Rows of a rank log (also one left by a crash) with ``update <= update`` (any
-    update when None); of ``updates``, at most the first ``count`` rows of those.
-    Returns ``({table: rows}, start_unix_s)``."""
+    update when None); of a table named in ``counts``, at most its first that many rows
+    of those.  Returns ``({table: rows}, start_unix_s)``."""
     def read(f: h5py.File) -> tuple[dict, float]:
         out = {}
         for name, dtype in TABLES:
             rows = written(upgrade(f[name][...], dtype)) if name in f else np.zeros(0, dtype)
             if update is not None:
                 rows = rows[rows["update"] <= update]
-            if name == "updates" and count is not None:
-                rows = rows[:count]
+            if name in (counts or {}):
+                rows = rows[:counts[name]]
             out[name] = rows
         return out, float(f.attrs["start_unix_s"])
     return read_h5(path, read)

@@ -176,11 +176,13 @@ class RankLog:
     """This rank's ``rankNNNN.h5``; ``add_update()`` / ``episode()`` add rows."""
 
     def __init__(self, run_dir: Path, rank: int, role: str, flush_every: int,
-                 resume_update: int | None = None, resume_rows: int | None = None) -> None:
+                 resume_update: int | None = None,
+                 resume_rows: dict[str, int] | None = None) -> None:
         """``resume_update``: continue an existing log, keeping only its rows up to that
         update (those after the checkpoint are re-done by the resumed run);
-        ``resume_rows``: keep only the first that many ``updates`` rows (a parameter
-        server's rows are per push received, several may share a version)."""
+        ``resume_rows``: of each table it names, keep only the first that many rows (a
+        parameter server's update rows are per push received, several may share a
+        version; sync-replay's warm-up rows and episodes all have update 0)."""
         self.path = rank_file(run_dir, rank)
         kept, start_unix = {}, time.time()
         resuming = resume_update is not None or resume_rows is not None

@@ -45,7 +45,8 @@ class RunLogger:
     received, and the seconds they waited for a peer, since the row before."""
 
     def __init__(self, cfg, comm: MPI.Comm, run_dir: Path, role: str,
-                 resume_update: int | None = None, resume_rows: int | None = None) -> None:
+                 resume_update: int | None = None,
+                 resume_rows: dict[str, int] | None = None) -> None:
         hosts = comm.allgather(socket.gethostname())
         cores = comm.allgather(cpu_count())
         resuming = resume_update is not None or resume_rows is not None

@@ -144,6 +144,18 @@ def test_an_option_another_design_owns_is_refused(tmp_path, fields, message):
         Config(run_dir=str(tmp_path), **fields).validate(4)
 
 
+@pytest.mark.parametrize("mode", ["impala", "seed", "ga3c", "apex"])
+def test_fail_and_nan_skip_are_refused_where_no_guard_acts_on_them(tmp_path, mode):
+    """These designs' learners use gradients unchecked: ``--fail`` would never fire and
+    ``--nan-policy skip`` never skip; one line names the designs that take them."""
+    allowed = "mode sync, sync-replay, async, quorum, gorila"
+    with pytest.raises(ConfigError, match=f"fail with mode='{mode}': .* {allowed}"):
+        Config(run_dir=str(tmp_path), mode=mode, fail=["2@5"]).validate(4)
+    with pytest.raises(ConfigError, match=f"nan_policy='skip' with mode='{mode}'"):
+        Config(run_dir=str(tmp_path), mode=mode, nan_policy="skip").validate(4)
+    Config(run_dir=str(tmp_path), mode="sync-replay", fail=["2@5"]).validate(4)
+
+
 def test_a_design_starts_from_its_own_defaults_where_the_user_set_nothing(tmp_path):
     """gorila's lr (its registry row's defaults) where neither a flag nor the YAML file
     sets it; a value the user gives wins, and a resumed run keeps its saved one."""

@@ -102,3 +102,39 @@ def test_delay_env_under_async_training_logs_worker_step_times(tmp_path):
     assert set(sims["rank"]) == {1, 2}                  # workers step envs; the server not
     assert (sims["sim_s"] >= 0.001).all()
     assert len(sims) == run.updates[run.updates["role"] == "worker"]["env_steps"].sum()
+
+
+# -- an env's dynamic state, as a checkpoint keeps it -----------------------------------------
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "Hopper-v5"])
+def test_an_env_continued_from_its_saved_state_steps_as_the_original(env_id):
+    """env_state() of a vector env mid-episode into envs seeded otherwise: the same
+    observations, rewards and episode ends (Hopper falls and resets: its reset noise
+    comes from the saved RNG), bit for bit."""
+    from mpirl.parts.envs.snapshot import env_state, restore_env_state
+    from mpirl.parts.envs.vector import make_envs
+
+    original = make_envs(env_id, 2, 0)
+    original.reset(seed=3)
+    actions = np.random.default_rng(0).uniform(-1, 1, (500, *original.action_space.shape))
+    for action in actions[:200]:
+        original.step(action.astype(np.float32))
+    saved = env_state(original)
+    other = make_envs(env_id, 2, 1)
+    other.reset(seed=4)
+    assert restore_env_state(other, saved)
+    ends = 0
+    for action in actions[200:]:
+        a, b = original.step(action.astype(np.float32)), other.step(action.astype(np.float32))
+        assert all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in
+                   zip(a[:4], b[:4], strict=True))
+        ends += int(a[2].sum() + a[3].sum())
+    assert ends > 0                        # episodes ended and reset in the compared steps
+
+
+def test_an_env_whose_state_cannot_be_captured_says_so():
+    from mpirl.parts.envs.snapshot import env_state, restore_env_state
+    from mpirl.parts.envs.vector import make_envs
+
+    envs = make_envs("Delay-v0", 1, 0)
+    envs.reset(seed=0)
+    assert env_state(envs) is None and not restore_env_state(envs, None)

@@ -368,3 +368,41 @@ def test_bad_arguments_raise(name):
     with pytest.raises(ValueError, match=message) as info:
         call()
     assert "allowed" in str(info.value)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_replay_continued_from_its_state_samples_and_evicts_as_the_original(wrapped):
+    """state() into a fresh replay (records, stamps, priorities, ring position, counts;
+    the sum tree rebuilt from its leaves): the same draws, weights, evictions and
+    counts afterwards, bit for bit; before the ring wraps and after."""
+    original = PrioritizedReplay(64, FIELDS, alpha=0.6)
+    rng = np.random.default_rng(5)
+    original.add(records(0, 100 if wrapped else 40), rng.random(100 if wrapped else 40))
+    idx, stamps, _ = original.sample(16, rng, 0.4)
+    original.update_priorities(idx, stamps, rng.random(16) * 3)
+    copy = PrioritizedReplay(64, FIELDS, alpha=0.6)
+    copy.load_state(original.state())
+    assert len(copy) == len(original)
+    for replay in (original, copy):
+        draws = np.random.default_rng(9)
+        replay.add(records(500, 30), draws.random(30))
+        picked = replay.sample(32, draws, 0.7)
+        replay.update_priorities(picked[0], picked[1], draws.random(32))
+        replay.outcome = (*picked, replay.sample(8, draws, 1.0), replay.data.copy(),
+                          replay.priorities(np.arange(len(replay))))
+    for a, b in zip(original.outcome, copy.outcome, strict=True):
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple)
+                        else (b,), strict=True):
+            assert x.tobytes() == y.tobytes()
+    for key in PrioritizedReplay.COUNTS:
+        assert getattr(copy, key) == getattr(original, key)
+    assert copy.max_priority == original.max_priority
+
+
+def test_a_replay_refuses_a_state_of_another_layout():
+    small = PrioritizedReplay(8, FIELDS)
+    small.add(records(0, 8), 1.0)
+    with pytest.raises(ValueError, match="at most 4 records"):
+        PrioritizedReplay(4, FIELDS).load_state(small.state())
+    with pytest.raises(ValueError, match="bytes"):
+        PrioritizedReplay(8, [("id", np.int64)]).load_state(small.state())

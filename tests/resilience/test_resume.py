@@ -1,7 +1,8 @@
 """Checkpoints and --resume.  sync: a killed run continues to the same parameters, its
 log continues in place with no update twice or missing; SIGTERM checkpoints and stops.
-async/quorum: a killed run (a worker or the server dies) resumes from the newest
-complete snapshot generation and completes its budget with every push counted once."""
+sync-replay: the same with each rank's replay in its checkpoint.  async/quorum: a killed
+run (a worker or the server dies) resumes from the newest complete snapshot generation
+and completes its budget with every push counted once."""
 
 from __future__ import annotations
 
@@ -85,6 +86,61 @@ def test_ctrl_c_checkpoints_on_every_rank_and_the_run_resumes(tmp_path):
     assert f"resumed {tmp_path / 't'} at update {stopped_at} (" in resumed.output
     assert summary(tmp_path / "t")["env_steps"] == 25600
     assert Config.from_yaml(tmp_path / "t" / "config.yaml").total_steps == 25600
+
+
+# -- sync-replay: a replay in every checkpoint ---------------------------------------------
+#: DQN on CartPole at 3 ranks: the replays warm up over 200 rollouts (rows and episodes of
+#: update 0), checkpoints every 30 rollouts; 2 updates per rollout after
+REPLAY_RUN = ["--mode", "sync-replay", "--env", "CartPole-v1", "--num-envs", "1",
+              "--rollout-steps", "1", "--hidden", "64", "64", "--activation", "relu", "--lr",
+              "0.001", "--max-grad-norm", "0", "--seed", "1", "--n-step", "1",
+              "--replay-batch", "128", "--learning-starts", "600", "--replay-capacity",
+              "50000", "--total-steps", "1500", "--update-repeat", "2", "--checksum-every",
+              "10", "--checkpoint-every", "30", "--log-flush-every", "7", "--log-every", "25"]
+
+
+def test_killed_sync_replay_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
+    """Killed at update 10 (rollout 205), it resumes from the checkpoint of rollout 180,
+    inside the warm-up: the warm-up rows and episodes written after it (all of update 0)
+    are cut by the row counts the checkpoint keeps, and the replays, the sampling RNG
+    and the envs continue where they were."""
+    killed = run_mpi(3, ["-m", "mpirl.run", *REPLAY_RUN, "--run-dir", str(tmp_path),
+                         "--run-name", "cut", "--fail", "1@10"], timeout_s=180, check=False)
+    assert killed.returncode != 0 and not (tmp_path / "cut" / "summary.json").exists()
+    both = launch_runs(3, [["--resume", str(tmp_path / "cut")],
+                           [*REPLAY_RUN, "--run-dir", str(tmp_path), "--run-name", "full"]])
+    assert f"resumed {tmp_path / 'cut'} at update 0 (540 env steps)" in both.output
+    full, cut = summary(tmp_path / "full"), summary(tmp_path / "cut")
+    assert cut["param_digest"] == full["param_digest"]     # bit-identical continuation
+    for key in ("updates", "env_steps", "transitions_inserted", "transitions_sampled"):
+        assert cut[key] == full[key], key
+    for r in range(3):
+        with h5py.File(tmp_path / "cut" / f"rank{r:04d}.h5", "r") as f, \
+                h5py.File(tmp_path / "full" / f"rank{r:04d}.h5", "r") as g:
+            for name in ("update", "env_steps", "replay_size", "value_loss"):
+                assert same_rows(f["updates"][name], g["updates"][name]), name
+            assert same_rows(f["episodes"]["return"], g["episodes"]["return"])
+            assert (f["episodes"]["update"] == 0).any()      # the warm-up had episodes
+            assert np.all(np.diff(f["updates"]["t_s"]) > 0)
+
+
+def test_sigterm_stops_a_sync_replay_run_with_a_checkpoint_and_it_resumes(tmp_path):
+    """SIGTERM (Slurm's time limit) mid-run: every rank checkpoints its replay at the same
+    rollout and exits 143 with the resume command; resumed with a larger budget."""
+    args = [*REPLAY_RUN, "--total-steps", "60000", "--checkpoint-every", "0"]
+    out, stopped_at = stop_with_sigterm(2, args, tmp_path / "t", progress_lines=3)
+    for r in range(2):
+        saved = torch.load(tmp_path / "t" / "checkpoints" / f"rank{r:04d}.pt",
+                           weights_only=True)
+        replay = saved["memory.replay"]
+        assert len(replay["stamp"]) == replay["inserted"] > 0   # the replay, whole
+    resumed = run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "t"),
+                          "--total-steps", "3000"], timeout_s=240)
+    where = resumed.output.split(f"resumed {tmp_path / 't'} at update {stopped_at} (")[1]
+    # after progress.csv's header and 2 lines (50 env steps apart), before the budget
+    assert 100 <= int(where.split(" env steps")[0]) < 3000
+    done = summary(tmp_path / "t")
+    assert done["env_steps"] == 3000 and done["transitions_inserted"] == 3000
 
 
 def test_resume_is_refused_where_it_cannot_work(tmp_path):
