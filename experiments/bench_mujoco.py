@@ -20,7 +20,9 @@ over several sittings).  The table
 (docs/figures/mujoco/ALGO.md) gives, per env, the mean +- std over seeds of the final
 mean return (the last 20 episodes of every rank) beside the published figure, and
 whether it falls within the published band (mean +- std); the figure (ALGO.png) draws
-every seed's return against env steps.
+every seed's return against env steps.  Both are written from ``ALGO.json``, which keeps
+every run measured (final return, env steps/s, curve) across invocations: a run of one
+seed or one env adds its rows to the others' (same budget and rank count).
 """
 
 from __future__ import annotations
@@ -43,19 +45,21 @@ from mpirl.telemetry.progress import read_progress  # noqa: E402
 #: figures the issue quotes, from CleanRL's documentation)
 PPO_REFERENCE = {"HalfCheetah": (1442.64, 46.03), "Hopper": (2382.86, 271.74),
                  "Walker2d": (2287.95, 568.08)}
-#: CleanRL sac_continuous_action on Hopper-v4 at 1M steps: the deterministic evaluation
-#: of its published models for seeds 1-5 (Hugging Face, sdpkjc/Hopper-v4-sac_continuous_
-#: action-seedN: 2712.63, 1481.20, 2600.97, 2819.87, 1680.67), mean +- std (ddof 1).  No
-#: published figure at 300k was found in stored material, so the band is the 1M one: a
-#: 300k run within it has matched the reference's final result at 30% of its budget.
-SAC_SEEDS = [2712.63, 1481.20, 2600.97, 2819.87, 1680.67]
-SAC_REFERENCE = {"Hopper": (float(np.mean(SAC_SEEDS)), float(np.std(SAC_SEEDS, ddof=1)))}
+#: CleanRL sac_continuous_action, MuJoCo v4, 1M steps, 3 seeds: the mean +- std over seeds
+#: of each run's training episodic return (its last 100 episodes), from CleanRL's
+#: docs/benchmark/sac.md (the Open RL Benchmark run of 2023-11, tag pr-424).  No figure
+#: at 300k was found in stored material (only plotted curves), so the band is the 1M one:
+#: a 300k run within it matched the reference's final result at 30% of its budget.  The
+#: deterministic evaluation of CleanRL's published Hopper models, seeds 1-5, gives 2259
+#: +- 628 (Hugging Face, sdpkjc/Hopper-v4-sac_continuous_action-seedN).
+SAC_REFERENCE = {"HalfCheetah": (9634.89, 1423.73), "Hopper": (2310.46, 342.82),
+                 "Walker2d": (3591.45, 911.33)}
 #: per algorithm: configuration, reference, default steps and ranks, reference's name
 ALGOS = {"ppo": ("hopper_ppo.yaml", PPO_REFERENCE, 1_000_000, 2,
                  "CleanRL's ppo_continuous_action (MuJoCo v4, 1M steps)"),
          "sac": ("hopper_sac.yaml", SAC_REFERENCE, 300_000, 1,
-                 "CleanRL's sac_continuous_action (Hopper-v4, 1M steps, models of seeds "
-                 "1-5)")}
+                 "CleanRL's sac_continuous_action (MuJoCo v4, 1M steps, 3 seeds' training "
+                 "returns)")}
 OUT = ROOT / "docs" / "figures" / "mujoco"
 
 
@@ -118,21 +122,59 @@ def run_all(algo: str, cases: list[tuple[str, int]], steps: int, ranks: int, run
                              f"see {runs / f'{algo}-{case[0]}-s{case[1]}.log'}")
 
 
-def curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """env steps, wall seconds and mean return of each progress line."""
-    rows = read_progress(run_dir)
-    return rows["env_steps"], rows["wall_s"], rows["mean_return"]
+def measured(algo: str, env: str, seed: int, runs: Path, steps: int, ranks: int) -> dict:
+    """One finished run as the results file keeps it: its final mean return, env steps/s,
+    design and learning curve (env steps, wall seconds, mean return per progress line)."""
+    found = run_dir(algo, env, seed, runs)
+    summary = json.loads((found / "summary.json").read_text().replace("NaN", "null"))
+    rows = read_progress(found)
+    return {"env": env, "seed": seed, "steps": steps, "ranks": ranks,
+            "final": summary["final_mean_return"], "mode": summary.get("mode", "?"),
+            "env_steps_per_s": summary["env_steps"] / summary["wall_s"],
+            "curve": {"env_steps": rows["env_steps"].tolist(),
+                      "wall_s": rows["wall_s"].tolist(),
+                      "mean_return": [None if np.isnan(r) else float(r)
+                                      for r in rows["mean_return"]]}}
 
 
-def table(algo: str, results: dict[str, list[dict]], steps: int, ranks: int) -> str:
+def merge(path: Path, new: list[dict]) -> list[dict]:
+    """The results file's runs with ``new`` in place of the same (env, seed, budget,
+    ranks): runs of several sittings (one seed at a time, one env after another) make one
+    table.  Nothing kept is dropped."""
+    kept = json.loads(path.read_text())["runs"] if path.is_file() else []
+    mine = {(r["env"], r["seed"], r["steps"], r["ranks"]) for r in new}
+    runs = [r for r in kept if (r["env"], r["seed"], r["steps"], r["ranks"]) not in mine]
+    order = {env: i for i, env in enumerate(["Hopper-v5", "HalfCheetah-v5", "Walker2d-v5"])}
+    return sorted(runs + new, key=lambda r: (order.get(r["env"], len(order)), r["env"],
+                                             r["steps"], r["ranks"], r["seed"]))
+
+
+def of_table(runs: list[dict], steps: int, ranks: int, name: str) -> list[dict]:
+    """The runs of this budget and rank count, saying which others are not in the table."""
+    other = [r for r in runs if (r["steps"], r["ranks"]) != (steps, ranks)]
+    for r in other:
+        print(f"{name}: kept, not in this table: {r['env']} seed {r['seed']} "
+              f"({r['steps']:,} env steps, {r['ranks']} ranks; the table: {steps:,}, {ranks})")
+    return [r for r in runs if (r["steps"], r["ranks"]) == (steps, ranks)]
+
+
+def by_env(runs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in runs:
+        out.setdefault(r["env"], []).append(r)
+    return out
+
+
+def table(algo: str, runs: list[dict], steps: int, ranks: int) -> str:
     config, reference, _steps, _ranks, source = ALGOS[algo]
-    lines = [f"{algo.upper()} ({results_mode(results)}, {ranks} rank{'s' * (ranks > 1)}, "
+    modes = "/".join(sorted({r["mode"] for r in runs}))
+    lines = [f"{algo.upper()} ({modes}, {ranks} rank{'s' * (ranks > 1)}, "
              f"experiments/{config}) at {steps:,} env steps, against {source}.", "",
              "| env | seeds | final mean return (mean +- std) | per seed | env steps/s | "
              "reference | within the band |", "|---|---|---|---|---|---|---|"]
-    for env, rows in results.items():
-        finals = np.array([r["final_mean_return"] for r in rows])
-        speed = np.mean([r["env_steps"] / r["wall_s"] for r in rows])
+    for env, rows in by_env(runs).items():
+        finals = np.array([r["final"] for r in rows])
+        speed = np.mean([r["env_steps_per_s"] for r in rows])
         ref = reference.get(env.split("-")[0])
         mean, std = finals.mean(), finals.std(ddof=1) if len(finals) > 1 else 0.0
         band = "n/a" if ref is None else ("yes" if ref[0] - ref[1] <= mean else "no")
@@ -145,21 +187,22 @@ def table(algo: str, results: dict[str, list[dict]], steps: int, ranks: int) -> 
     return "\n".join(lines) + "\n"
 
 
-def results_mode(results: dict[str, list[dict]]) -> str:
-    """The design every run used (one name; several joined if they differ)."""
-    modes = sorted({r.get("mode", "?") for rows in results.values() for r in rows})
-    return "/".join(modes)
-
-
-def figure(algo: str, curves: dict[str, list[tuple]], path: Path) -> None:
+def figure(algo: str, runs: list[dict], path: Path) -> None:
+    """Every kept curve, a panel per env (runs kept without one are left out)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), squeeze=False)
-    for ax, (env, runs) in zip(axes[0], curves.items(), strict=True):
-        for seed, (steps, _wall, ret) in runs:
-            ax.plot(steps / 1e6, ret, label=f"seed {seed}")
+    envs = {env: rows for env, rows in by_env(runs).items()
+            if any(r.get("curve") for r in rows)}
+    if not envs:
+        return
+    fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 3.6), squeeze=False)
+    for ax, (env, rows) in zip(axes[0], envs.items(), strict=True):
+        for r in rows:
+            if r.get("curve"):
+                ret = np.array(r["curve"]["mean_return"], dtype=float)
+                ax.plot(np.array(r["curve"]["env_steps"]) / 1e6, ret, label=f"seed {r['seed']}")
         ref = ALGOS[algo][1].get(env.split("-")[0])
         if ref is not None:
             ax.axhspan(ref[0] - ref[1], ref[0] + ref[1], color="grey", alpha=0.25,
@@ -182,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=None,
                         help="default: 2 for ppo, 1 for sac")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench_mujoco")
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="where ALGO.json, ALGO.md and ALGO.png go (default: "
+                             "docs/figures/mujoco)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once (each rank one torch thread when above 1)")
     parser.add_argument("--threads", type=int, default=0,
@@ -201,17 +247,15 @@ def main(argv: list[str] | None = None) -> None:
                      "more, --threads 0 (the default) or more")
     cases = [(env, seed) for env in args.envs for seed in args.seeds]
     run_all(args.algo, cases, args.steps, args.ranks, args.runs, args.jobs, args.threads)
-    results: dict[str, list[dict]] = {}
-    curves: dict[str, list[tuple]] = {}
-    for env, seed in cases:
-        found = run_dir(args.algo, env, seed, args.runs)
-        summary = json.loads((found / "summary.json").read_text().replace("NaN", "null"))
-        results.setdefault(env, []).append(summary)
-        curves.setdefault(env, []).append((seed, curve(found)))
-    OUT.mkdir(parents=True, exist_ok=True)
-    text = table(args.algo, results, args.steps, args.ranks)
-    (OUT / f"{args.algo}.md").write_text(text)
-    figure(args.algo, curves, OUT / f"{args.algo}.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    kept = args.out / f"{args.algo}.json"
+    every = merge(kept, [measured(args.algo, *case, args.runs, args.steps, args.ranks)
+                         for case in cases])
+    kept.write_text(json.dumps({"algo": args.algo, "runs": every}, indent=1) + "\n")
+    runs = of_table(every, args.steps, args.ranks, kept.name)
+    text = table(args.algo, runs, args.steps, args.ranks)
+    (args.out / f"{args.algo}.md").write_text(text)
+    figure(args.algo, runs, args.out / f"{args.algo}.png")
     print(text)
 
 
