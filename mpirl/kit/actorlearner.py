@@ -61,7 +61,8 @@ def reply_progress(cfg, comm: MPI.Comm, feeders: range, learner: int = 0) -> str
     2 in blocks the push never ended): ``auto`` gives it the thread.  Fed over the network
     its calls find shared memory idle and reach the network, and the thread only took CPU
     from its compute (at 8 x 1, 19-27% fewer updates/s, with the same env steps/s and the
-    same policy lag in seconds): ``auto`` leaves it out."""
+    same policy lag in seconds): ``auto`` leaves it out.  What ``auto`` decided, and why,
+    ``learner`` says at start in one line."""
     if cfg.param_delivery != "push":
         return ""
     if cfg.reply_progress != "auto":
@@ -73,7 +74,13 @@ def reply_progress(cfg, comm: MPI.Comm, feeders: range, learner: int = 0) -> str
         beside = node.allgather(comm.Get_rank())
     finally:
         node.Free()
-    fed_beside = comm.bcast(any(rank in feeders for rank in beside), root=learner)
+    fed_beside = comm.bcast([rank for rank in beside if rank in feeders], root=learner)
+    if comm.Get_rank() == learner:
+        where = (f"on a progress thread (replay rank{'s' * (len(fed_beside) > 1)} "
+                 f"{', '.join(map(str, fed_beside))} on its node)" if fed_beside
+                 else "inside its own MPI calls (no replay rank on its node)")
+        print(f"mpirl: --reply-progress auto: the learner's parameter replies move {where}",
+              flush=True)
     return "thread" if fed_beside else "calls"
 
 

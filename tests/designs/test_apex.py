@@ -22,8 +22,8 @@ def _rows(run_dir, rank):
 
 @pytest.mark.parametrize("nranks, replays", [(3, 1), (6, 2)])
 def test_every_transition_is_inserted_and_every_count_adds_up(tmp_path, nranks, replays):
-    _, s = train(tmp_path, nranks, *APEX, "--replay-ranks", str(replays),
-                 "--replay-capacity", "1200", "--total-steps", "4000")
+    job, s = train(tmp_path, nranks, *APEX, "--replay-ranks", str(replays),
+                   "--replay-capacity", "1200", "--total-steps", "4000")
     run_dir = tmp_path / "r"
     # (the run itself checks sent = inserted = stored + evicted and priorities sent =
     # applied + stale, and fails otherwise; here the logs must say the same)
@@ -31,6 +31,9 @@ def test_every_transition_is_inserted_and_every_count_adds_up(tmp_path, nranks, 
     assert s["replay_evicted"] > 0                        # 1200 / R slots each: FIFO at work
     assert s["env_steps"] >= 4000 and s["updates"] > 0
     assert s["reply_progress"] == "thread"     # auto: the learner shares its node here
+    beside = "replay rank 1" if replays == 1 else "replay ranks 1, 2"
+    assert (f"the learner's parameter replies move on a progress thread ({beside} on its "
+            "node)") in job.output
     assert s["transitions_sampled"] >= 32 * s["updates"]
     inserted = sampled = applied = 0
     for r in range(1, 1 + replays):
@@ -63,10 +66,12 @@ def test_a_learner_fed_over_the_network_gets_no_progress_thread_unless_asked(tmp
     nolocal = {"MPIR_CVAR_NOLOCAL": "1"}
     job, s = train(tmp_path, 3, *APEX, "--total-steps", "1000", env=nolocal)
     assert s["reply_progress"] == "calls" and s["updates"] > 0
+    assert ("--reply-progress auto: the learner's parameter replies move inside its own "
+            "MPI calls (no replay rank on its node)") in job.output        # at start
     assert "replies, which moved inside the learner's own MPI calls" in job.output
     job, s = train(tmp_path, 3, *APEX, "--total-steps", "1000", "--reply-progress", "thread",
                    name="asked", env=nolocal)
-    assert s["reply_progress"] == "thread"
+    assert s["reply_progress"] == "thread" and "--reply-progress auto" not in job.output
     assert "replies, which moved on the learner's progress thread" in job.output
 
 
