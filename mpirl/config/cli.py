@@ -119,8 +119,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         if value is not None:
             setattr(cfg, f.name, value)
             given.add(f.name)
-    if not args.resume:            # a run's saved configuration holds every field
-        cfg.take_design_defaults(given)
-    elif not args.config:          # built from the run's own config.yaml: flags on top
+    if not args.resume or args.config:   # a run's saved configuration holds every field;
+        cfg.take_design_defaults(given)  # --config FILE --resume builds the run from FILE
+    else:                          # built from the run's own config.yaml: flags on top
         cfg.resumed_with = tuple(sorted(given))
     return cfg

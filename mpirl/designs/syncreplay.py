@@ -25,7 +25,9 @@ stops every rank at the same rollout): each rank's replica, Adam's state, its re
 (classic control, MuJoCo), its policy's RNG and the books.  ``--resume RUN_DIR``
 continues to the same parameters as an uninterrupted run, bit for bit, with every log
 row once (warm-up rows and episodes all have update 0: the log is cut back by row
-counts the checkpoint keeps).  A replay of a million transitions makes a checkpoint of
+counts the checkpoint keeps, progress.csv by env steps).  Refused at resume, in one
+line: checkpoints of different rollouts (a job killed while its ranks wrote them) and a
+replay of another capacity.  A replay of a million transitions makes a checkpoint of
 hundreds of MB, so the design's own ``--checkpoint-every`` is 5000 rollouts.
 """
 
@@ -38,7 +40,7 @@ import torch
 from mpi4py import MPI
 
 from ..config import Config
-from ..errors import ReplicaDivergence
+from ..errors import ReplicaDivergence, StartupMismatch
 from ..kit import ledger
 from ..kit.common import (Episodes, Summary, build_dqn, close_run, comm_share, print_layout,
                           reached_target, say_resumed, start_replica, sum_over_ranks)
@@ -70,8 +72,8 @@ def run_sync_replay(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
                 guard.check(update, learner.grad)       # --fail; NaN: 'stop' raises
                 with part.timer("exchange_s"):
                     part.exchange.allreduce(learner.grad, average=True)
-                part.apply(guard, update, td)           # unless a NaN every rank skips
-                part.record(update, losses)
+                applied = part.apply(guard, update, td)   # unless a NaN every rank skips
+                part.record(update, losses, applied)
                 guard.beat(update, "between updates")
             if part.rollout_ends(guard):    # --target-return; a signal: checkpoint, stop
                 break
@@ -108,14 +110,30 @@ class ReplayReplica:
         self.saved = TrainingState(self, self.learner, self.actor, self.episodes,
                                    self.progress, self.memory)
         if cfg.resume:
-            self.saved.restore(run_dir, self.rank)
-            if self.rank == 0:
-                say_resumed(cfg, run_dir, f"at update {self.update} ({self.env_steps} env "
-                            "steps) from its checkpoints")
+            self.restore(run_dir)
         self.log = RunLogger(cfg, comm, run_dir, role="worker",
                              resume_update=self.update if cfg.resume else None,
                              resume_rows=dict(self.rows) if cfg.resume else None)
         self.log.watch(self.exchange, waits=(), from_zero=True)
+
+    def restore(self, run_dir: Path) -> None:
+        """Every part from this rank's checkpoint; the ranks' checkpoints must be of one
+        rollout (a job killed while its ranks wrote them leaves them apart, and ranks
+        apart would fall out of step in their collectives) and fit this run's replay."""
+        try:
+            self.saved.restore(run_dir, self.rank)
+        except ValueError as err:            # the same on every rank: their config's
+            raise StartupMismatch(f"resume={str(run_dir)!r}: {err}") from None
+        where = self.comm.allgather((self.update, self.rollouts))
+        if len(set(where)) > 1:
+            apart = ", ".join(f"rank {r}: update {u} (rollout {n})"
+                              for r, (u, n) in enumerate(where))
+            raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
+                                  f"different rollouts ({apart}): the job was killed while "
+                                  "they were written; there is no state to resume from")
+        if self.rank == 0:
+            say_resumed(self.cfg, run_dir, f"at update {self.update} ({self.env_steps} env "
+                        "steps) from its checkpoints")
 
     def budget_left(self) -> bool:
         return self.env_steps + self.size * self.cfg.steps_per_batch <= self.cfg.total_steps
@@ -147,53 +165,56 @@ class ReplayReplica:
             self.update += 1
             yield self.update
 
-    def apply(self, guard: Guard, update: int, td) -> None:
+    def apply(self, guard: Guard, update: int, td) -> bool:
         """The averaged gradient's step, the target's update and the batch's new
         priorities; under ``--nan-policy skip`` a NaN every rank sees in the average
-        skips all three, counted."""
+        skips all three, counted (False)."""
         if not guard.usable(self.learner.grad):
             self.skipped += 1
-            return
+            return False
         self.learner.apply(self.timer)
         self.learner.update_target(update)
         self.memory.priorities(td, self.beta())
+        return True
 
-    def record(self, update: int, losses: dict) -> None:
+    def record(self, update: int, losses: dict, applied: bool) -> None:
         add_phases(self.phases, self.log.record(
             update, self.timer, env_steps=self.rollout_env_steps, param_version=update - 1,
             staleness=0, inserted=self.rollout_inserted if self.rollout_env_steps else 0,
-            sampled=self.cfg.replay_batch, prio_updates=self.cfg.replay_batch,
+            sampled=self.cfg.replay_batch, prio_updates=self.cfg.replay_batch * applied,
             replay_size=self.memory.size(), **{k: v for k, v in losses.items() if k in LOSSES}))
         self.rows["updates"] += 1
         self.rollout_env_steps = 0
         if self.cfg.checksum_every and update % self.cfg.checksum_every == 0:
             self.check_replicas()
 
-    def rollout_done(self, last: bool = False) -> bool:
-        """Episodes logged; a progress line when due (and on the ``last`` rollout of a
-        stopped run); the periodic checkpoint.  True when every rank's recent episodes
-        reach ``--target-return`` (collective, the same answer everywhere)."""
+    def rollout_done(self) -> bool:
+        """Episodes logged; a progress line when due; the periodic checkpoint.  True when
+        every rank's recent episodes reach ``--target-return`` (collective, the same
+        answer everywhere).  A stopped run adds no line of its own: resumed, its lines
+        are an uninterrupted run's."""
         finished = self.actor.drain_episodes()
         self.episodes.add(finished)
         self.log.episodes(self.update, finished)
         self.rows["episodes"] += len(finished)
-        if self.rollouts % self.cfg.log_every and self.budget_left() and not last:
-            self.checkpoint_when_due(last)
-            return False
+        due = self.rollouts % self.cfg.log_every == 0 or not self.budget_left()
+        if due and self.report():
+            return True
+        every = self.cfg.checkpoint_every
+        if every and self.rollouts % every == 0 and self.budget_left():
+            self.checkpoint()
+        return False
+
+    def report(self) -> bool:
+        """The progress line (collective); True when the target is reached."""
         return_sum, count = sum_over_ranks(self.comm, self.episodes.take_window())
         self.progress.report(update=self.update, env_steps=self.env_steps, episodes=count,
                              return_sum=return_sum, comm_share=comm_share(self.phases))
         means = [m for m in self.comm.allgather(self.episodes.recent_mean()) if m is not None]
         self.solved = reached_target(self.cfg.target_return, means, self.size)
-        if not self.solved:
-            self.checkpoint_when_due(last)
         return self.solved
 
     # -- checkpoints: this rank's books are one of its Stateful parts ---------------------
-    def checkpoint_when_due(self, last: bool) -> None:
-        every = self.cfg.checkpoint_every
-        if every and self.rollouts % every == 0 and self.budget_left() and not last:
-            self.checkpoint()
 
     def checkpoint(self) -> None:
         self.log.flush()              # the log holds every row the checkpoint covers
@@ -226,10 +247,9 @@ class ReplayReplica:
         """After a rollout: True when the run reached ``--target-return``; every rank
         stops at the same rollout when any was signalled (collective), with a
         checkpoint, by :class:`StopRequested`."""
-        stopping = guard.stop_agreed(self.comm)
-        if self.rollout_done(last=stopping):
+        if self.rollout_done():
             return True
-        if stopping:
+        if guard.stop_agreed(self.comm):
             self.stop()
         return False
 

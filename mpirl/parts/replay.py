@@ -342,18 +342,20 @@ class PrioritizedReplay:
         rebuild it bit for bit."""
         n = self._len
         return {"records": self.data[:n].view(np.uint8), "itemsize": self.data.itemsize,
+                "capacity": self.capacity,
                 "stamp": self.stamp[:n], "priority": self._tree[np.arange(n)],
                 "next": self._next, "max_seen": self._max_seen,
                 **{key: getattr(self, key) for key in self.COUNTS}}
 
     def load_state(self, state: dict) -> None:
-        """Continue from :meth:`state` (a replay of the same capacity and record layout;
-        a ValueError otherwise)."""
-        n = len(state["stamp"])
-        if int(state["itemsize"]) != self.data.itemsize or n > self.capacity:
-            raise ValueError(f"a saved replay of {n} records of {int(state['itemsize'])} "
-                             f"bytes; allowed: at most {self.capacity} records of "
-                             f"{self.data.itemsize} bytes (this replay's layout)")
+        """Continue from :meth:`state` (a replay of the same capacity and record layout:
+        a ring's slots mean nothing in another; a ValueError otherwise)."""
+        n, capacity = len(state["stamp"]), int(state["capacity"])
+        if int(state["itemsize"]) != self.data.itemsize or capacity != self.capacity:
+            raise ValueError(f"a saved replay of capacity {capacity}, records of "
+                             f"{int(state['itemsize'])} bytes; this replay: capacity "
+                             f"{self.capacity}, {self.data.itemsize} bytes (resume with the "
+                             "run's own --replay-capacity and env)")
         self.data[:n] = np.asarray(state["records"], np.uint8).view(self.data.dtype)
         self.stamp[:n] = state["stamp"]
         self._tree.update(np.arange(n), state["priority"])

@@ -183,7 +183,9 @@ def _expand(grid: dict, base: dict, source: str) -> list[Point]:
             values = dict(zip(keys, combo, strict=True))
             merged = {**base, **values}
             try:
-                cfg = Config.from_dict(merged, source=source).validate(ranks)
+                cfg = Config.from_dict(merged, source=source)
+                cfg.take_design_defaults(set(merged))     # as mpirl.run takes them
+                cfg.validate(ranks)
             except ConfigError as err:
                 raise SweepError(f"point {values} at {ranks} ranks: {err}") from None
             config = cfg.to_dict()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import time
 from pathlib import Path
 
@@ -81,7 +82,24 @@ class Progress:
         return {"wall_s": self.elapsed()}
 
     def load_state(self, state: dict) -> None:
+        """Count on from the checkpoint's wall time; on the reporting rank, drop the
+        lines written after the checkpoint (beyond its ``env_steps``: a killed run wrote
+        them, and the resumed run writes them again)."""
         self.start = time.perf_counter() - state["wall_s"]
+        if self._file is not None and "env_steps" in state:
+            self._cut_after(int(state["env_steps"]))
+
+    def _cut_after(self, env_steps: int) -> None:
+        self._file.close()
+        path = self.run_dir / "progress.csv"
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        kept = rows[:1] + [r for r in rows[1:] if r and int(r[1]) <= env_steps]
+        tmp = path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            csv.writer(f).writerows(kept)
+        os.replace(tmp, path)
+        self._open(append=True)
 
     def close(self) -> None:
         if self._file is not None:

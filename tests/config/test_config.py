@@ -170,6 +170,10 @@ def test_a_design_starts_from_its_own_defaults_where_the_user_set_nothing(tmp_pa
     run.mkdir()
     Config(mode="gorila", topology="star", lr=1e-3).save(run / "config.yaml")
     assert parse_args(["--resume", str(run)]).lr == 1e-3
+    # --config FILE --resume RUN_DIR builds the run from FILE: with the design's defaults
+    (tmp_path / "c.yaml").write_text("mode: sync-replay\n")
+    both = parse_args(["--config", str(tmp_path / "c.yaml"), "--resume", str(run)])
+    assert (both.update_repeat, both.checkpoint_every) == (8, 5000)
     assert "(default: 0.001; gorila: 0.0005)" in " ".join(build_parser().format_help().split())
     # the server designs take only the star: it is their default, a flag still overrides
     assert parse_args(["--mode", "async"]).topology == "star"

@@ -20,6 +20,7 @@ from conftest import BATCH, launch_runs
 from mpirl.config import Config
 from mpirl.resilience import checkpoint
 from mpirl.resilience.sentinel import read_status, status_dir
+from mpirl.telemetry.progress import read_progress
 from mpirl.telemetry.read import load_run
 from mpirun import run_mpi, start_mpi
 
@@ -55,6 +56,9 @@ def test_killed_run_resumes_to_the_same_parameters_and_a_complete_log(tmp_path):
             assert list(updates) == list(range(1, full["updates"] + 1))   # none twice, none lost
             assert np.array_equal(f["episodes"]["return"], g["episodes"]["return"])
             assert np.all(np.diff(f["updates"]["t_s"]) > 0)   # one clock across the resume
+    # progress.csv holds each line once (those written after the checkpoint were dropped)
+    cut_lines, full_lines = (read_progress(tmp_path / name) for name in ("cut", "full"))
+    assert same_rows(cut_lines["env_steps"], full_lines["env_steps"])
     # run.h5 lists each start: the first, then the resume from the last checkpoint (every
     # 5th update) before update 37, on this machine's host for each of the 3 ranks
     with h5py.File(tmp_path / "cut" / "run.h5", "r") as f, \
@@ -122,25 +126,38 @@ def test_killed_sync_replay_run_resumes_to_the_same_parameters_and_a_complete_lo
             assert same_rows(f["episodes"]["return"], g["episodes"]["return"])
             assert (f["episodes"]["update"] == 0).any()      # the warm-up had episodes
             assert np.all(np.diff(f["updates"]["t_s"]) > 0)
+    # progress.csv: the lines the killed run wrote after its checkpoint are not kept twice
+    cut_lines, full_lines = (read_progress(tmp_path / name) for name in ("cut", "full"))
+    for column in ("update", "env_steps", "episodes", "mean_return"):
+        assert same_rows(cut_lines[column], full_lines[column]), column
 
 
 def test_sigterm_stops_a_sync_replay_run_with_a_checkpoint_and_it_resumes(tmp_path):
     """SIGTERM (Slurm's time limit) mid-run: every rank checkpoints its replay at the same
-    rollout and exits 143 with the resume command; resumed with a larger budget."""
+    rollout and exits 143 with the resume command; checkpoints of different rollouts are
+    refused in one line; resumed with a larger budget."""
     args = [*REPLAY_RUN, "--total-steps", "60000", "--checkpoint-every", "0"]
-    out, stopped_at = stop_with_sigterm(2, args, tmp_path / "t", progress_lines=3)
-    for r in range(2):
-        saved = torch.load(tmp_path / "t" / "checkpoints" / f"rank{r:04d}.pt",
-                           weights_only=True)
-        replay = saved["memory.replay"]
+    run_dir = tmp_path / "t"
+    out, stopped_at = stop_with_sigterm(2, args, run_dir, progress_lines=3)
+    saved = [checkpoint.load(run_dir, r) for r in range(2)]
+    for state in saved:
+        replay = state["memory.replay"]
         assert len(replay["stamp"]) == replay["inserted"] > 0   # the replay, whole
-    resumed = run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "t"),
-                          "--total-steps", "3000"], timeout_s=240)
-    where = resumed.output.split(f"resumed {tmp_path / 't'} at update {stopped_at} (")[1]
-    # after progress.csv's header and 2 lines (50 env steps apart), before the budget
-    assert 100 <= int(where.split(" env steps")[0]) < 3000
-    done = summary(tmp_path / "t")
-    assert done["env_steps"] == 3000 and done["transitions_inserted"] == 3000
+        assert (state["update"], state["env_steps"]) == (stopped_at, saved[0]["env_steps"])
+    steps = saved[0]["env_steps"]
+    assert steps >= 100               # after progress.csv's header and 2 lines, 50 apart
+    # rank 1's file one rollout behind: a job killed while its ranks wrote them
+    checkpoint.save(run_dir, 1, {**saved[1], "rollouts": saved[1]["rollouts"] - 1})
+    refused = run_mpi(2, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=120,
+                      check=False)
+    assert refused.returncode == 2 and "checkpoints are of different rollouts" in \
+        refused.output, refused.output[-2000:]
+    checkpoint.save(run_dir, 1, saved[1])
+    resumed = run_mpi(2, ["-m", "mpirl.run", "--resume", str(run_dir),
+                          "--total-steps", str(steps + 1500)], timeout_s=240)
+    assert f"resumed {run_dir} at update {stopped_at} ({steps} env steps)" in resumed.output
+    done = summary(run_dir)
+    assert done["env_steps"] == done["transitions_inserted"] == steps + 1500
 
 
 def test_resume_is_refused_where_it_cannot_work(tmp_path):

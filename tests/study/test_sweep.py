@@ -110,6 +110,20 @@ def test_grid_union_names_and_validation(tmp_path):
     assert all(p.config["total_steps"] == 1600 for p in s.points)
 
 
+def test_a_point_takes_its_designs_defaults_as_mpirl_run_does(tmp_path):
+    """A field neither the sweep's config nor its grid sets starts from the design's own
+    default (gorila's lr and pushes, sync-replay's updates and checkpoint interval), as
+    ``mpirl.run --mode gorila`` does; a value the sweep sets wins."""
+    s = sweep.load(write(tmp_path, {"name": "d", "config": {"total_steps": 1000},
+                                    "grid": [{"ranks": [3], "mode": ["gorila", "sync-replay"]},
+                                             {"ranks": [3], "mode": ["gorila"],
+                                              "lr": [0.002]}]}))
+    got = [(p.config["mode"], p.config["lr"], p.config["update_repeat"],
+            p.config["checkpoint_every"]) for p in s.points]
+    assert got == [("gorila", 5e-4, 2, 100), ("sync-replay", 1e-3, 8, 5000),
+                   ("gorila", 0.002, 2, 100)]
+
+
 def test_local_sweep_runs_every_point_once_and_resumes(tiny_sweep, tmp_path):
     for name in EXPECTED:
         summary = json.loads((tiny_sweep / name / "summary.json").read_text())
