@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -63,18 +64,26 @@ ALGOS = {"ppo": ("hopper_ppo.yaml", PPO_REFERENCE, 1_000_000, 2,
 OUT = ROOT / "docs" / "figures" / "mujoco"
 
 
-def run_dir(algo: str, env: str, seed: int, runs: Path) -> Path | None:
-    """The finished run of (algo, env, seed) under ``runs``, or None."""
-    found = sorted((runs / f"{algo}-{env}-s{seed}").glob("*/summary.json"))
-    return found[-1].parent if found else None
+def budget(run: Path) -> int:
+    """The env-step budget a run directory was started with (its config.yaml)."""
+    return int(yaml.safe_load((run / "config.yaml").read_text())["total_steps"])
 
 
-def unfinished(algo: str, env: str, seed: int, runs: Path) -> Path | None:
-    """The newest run of (algo, env, seed) under ``runs`` that checkpointed and did not
-    finish (stopped or killed: to resume), or None."""
+def run_dir(algo: str, env: str, seed: int, runs: Path, steps: int) -> Path | None:
+    """The finished run of (algo, env, seed) at a budget of ``steps`` under ``runs``, or
+    None (a run of another budget is another case)."""
+    found = sorted(s.parent for s in (runs / f"{algo}-{env}-s{seed}").glob("*/summary.json")
+                   if budget(s.parent) == steps)
+    return found[-1] if found else None
+
+
+def unfinished(algo: str, env: str, seed: int, runs: Path, steps: int) -> Path | None:
+    """The newest run of (algo, env, seed) at a budget of ``steps`` under ``runs`` that
+    checkpointed and did not finish (stopped or killed: to resume), or None."""
     found = sorted(ckpt.parent.parent for ckpt in
                    (runs / f"{algo}-{env}-s{seed}").glob("*/checkpoints/rank0000.pt")
-                   if not (ckpt.parent.parent / "summary.json").exists())
+                   if not (ckpt.parent.parent / "summary.json").exists()
+                   and budget(ckpt.parent.parent) == steps)
     return found[-1] if found else None
 
 
@@ -88,7 +97,7 @@ def launch(algo: str, env: str, seed: int, steps: int, ranks: int, runs: Path,
             "--seed", str(seed), "--total-steps", str(steps), "--run-dir", str(runs / name)]
     if algo == "sac":     # one averaged update of 256 per env step at any rank count
         argv += ["--replay-batch", str(256 // ranks), "--update-repeat", str(ranks)]
-    stopped = unfinished(algo, env, seed, runs)
+    stopped = unfinished(algo, env, seed, runs, steps)
     if stopped is not None:                 # its config.yaml holds all of the above
         argv = ["--resume", str(stopped)]
     if threads:
@@ -106,7 +115,7 @@ def run_all(algo: str, cases: list[tuple[str, int]], steps: int, ranks: int, run
     threads per rank (0: mpirl's default for one job; with several at once every rank
     gets one, so the jobs do not fight for cores)."""
     runs.mkdir(parents=True, exist_ok=True)
-    todo = [case for case in cases if run_dir(algo, *case, runs) is None]
+    todo = [case for case in cases if run_dir(algo, *case, runs, steps) is None]
     threads = threads or (1 if jobs > 1 else 0)
     running: list[tuple[tuple[str, int], subprocess.Popen]] = []
     while todo or running:
@@ -122,19 +131,19 @@ def run_all(algo: str, cases: list[tuple[str, int]], steps: int, ranks: int, run
                              f"see {runs / f'{algo}-{case[0]}-s{case[1]}.log'}")
 
 
-def measured(algo: str, env: str, seed: int, runs: Path, steps: int, ranks: int) -> dict:
-    """One finished run as the results file keeps it: its final mean return, env steps/s,
-    design and learning curve (env steps, wall seconds, mean return per progress line)."""
-    found = run_dir(algo, env, seed, runs)
+def measured(algo: str, env: str, seed: int, runs: Path, steps: int) -> dict:
+    """One finished run as the results file keeps it: its budget and rank count (the
+    run's own), final mean return, env steps/s, design and learning curve (env steps,
+    wall seconds, mean return per progress line; None without one)."""
+    found = run_dir(algo, env, seed, runs, steps)
     summary = json.loads((found / "summary.json").read_text().replace("NaN", "null"))
     rows = read_progress(found)
-    return {"env": env, "seed": seed, "steps": steps, "ranks": ranks,
+    curve = None if rows is None else {
+        "env_steps": rows["env_steps"].tolist(), "wall_s": rows["wall_s"].tolist(),
+        "mean_return": [None if np.isnan(r) else float(r) for r in rows["mean_return"]]}
+    return {"env": env, "seed": seed, "steps": budget(found), "ranks": summary["ranks"],
             "final": summary["final_mean_return"], "mode": summary.get("mode", "?"),
-            "env_steps_per_s": summary["env_steps"] / summary["wall_s"],
-            "curve": {"env_steps": rows["env_steps"].tolist(),
-                      "wall_s": rows["wall_s"].tolist(),
-                      "mean_return": [None if np.isnan(r) else float(r)
-                                      for r in rows["mean_return"]]}}
+            "env_steps_per_s": summary["env_steps"] / summary["wall_s"], "curve": curve}
 
 
 def merge(path: Path, new: list[dict]) -> list[dict]:
@@ -173,7 +182,7 @@ def table(algo: str, runs: list[dict], steps: int, ranks: int) -> str:
              "| env | seeds | final mean return (mean +- std) | per seed | env steps/s | "
              "reference | within the band |", "|---|---|---|---|---|---|---|"]
     for env, rows in by_env(runs).items():
-        finals = np.array([r["final"] for r in rows])
+        finals = np.array([np.nan if r["final"] is None else r["final"] for r in rows])
         speed = np.mean([r["env_steps_per_s"] for r in rows])
         ref = reference.get(env.split("-")[0])
         mean, std = finals.mean(), finals.std(ddof=1) if len(finals) > 1 else 0.0
@@ -245,12 +254,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.jobs < 1 or args.threads < 0:
         parser.error(f"--jobs {args.jobs}, --threads {args.threads}: allowed: --jobs 1 or "
                      "more, --threads 0 (the default) or more")
-    cases = [(env, seed) for env in args.envs for seed in args.seeds]
+    cases = list(dict.fromkeys((env, seed) for env in args.envs for seed in args.seeds))
     run_all(args.algo, cases, args.steps, args.ranks, args.runs, args.jobs, args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     kept = args.out / f"{args.algo}.json"
-    every = merge(kept, [measured(args.algo, *case, args.runs, args.steps, args.ranks)
-                         for case in cases])
+    every = merge(kept, [measured(args.algo, *case, args.runs, args.steps) for case in cases])
     kept.write_text(json.dumps({"algo": args.algo, "runs": every}, indent=1) + "\n")
     runs = of_table(every, args.steps, args.ranks, kept.name)
     text = table(args.algo, runs, args.steps, args.ranks)
