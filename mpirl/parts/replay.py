@@ -350,7 +350,11 @@ class PrioritizedReplay:
     def load_state(self, state: dict) -> None:
         """Continue from :meth:`state` (a replay of the same capacity and record layout:
         a ring's slots mean nothing in another; a ValueError otherwise)."""
-        n, capacity = len(state["stamp"]), int(state["capacity"])
+        n = len(state["stamp"])
+        # a file from before the capacity was kept (3f6541a): one that fits as it lies, a
+        # ring never wrapped or full at this size, is taken for this replay's own
+        fits = n == self.capacity or (n < self.capacity and int(state["next"]) == n)
+        capacity = int(state.get("capacity", self.capacity if fits else n))
         if int(state["itemsize"]) != self.data.itemsize or capacity != self.capacity:
             raise ValueError(f"a saved replay of capacity {capacity}, records of "
                              f"{int(state['itemsize'])} bytes; this replay: capacity "

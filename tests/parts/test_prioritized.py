@@ -407,3 +407,8 @@ def test_a_replay_refuses_a_state_of_another_layout():
             PrioritizedReplay(capacity, FIELDS).load_state(small.state())
     with pytest.raises(ValueError, match="records of 24 bytes; this replay: capacity 8, 8"):
         PrioritizedReplay(8, [("id", np.int64)]).load_state(small.state())
+    # a file from before the capacity was kept: taken where its records lie as they fit
+    old = {k: v for k, v in small.state().items() if k != "capacity"}       # full at 8
+    PrioritizedReplay(8, FIELDS).load_state(old)
+    with pytest.raises(ValueError, match="this replay: capacity 16"):
+        PrioritizedReplay(16, FIELDS).load_state(old)    # its ring may have wrapped
