@@ -52,7 +52,9 @@ def sync_replay(env: str, extra: list[str]) -> list[str]:
 
 
 #: the runs at 3 ranks, by the sync-replay test's case, in one launch (fixture ``three``)
-THREE = {"sac": sync_replay("Pendulum-v1", []), "dqn": sync_replay("CartPole-v1", ["--dueling"])}
+THREE = {"sac": sync_replay("Pendulum-v1", []), "dqn": sync_replay("CartPole-v1", ["--dueling"]),
+         # rank 1's gradient of update 20 made NaN: every rank skips that step
+         "skip": sync_replay("Pendulum-v1", ["--fail", "1@20:nan", "--nan-policy", "skip"])}
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +84,20 @@ def test_sync_replay_keeps_replicas_identical_with_their_own_replays(three, lear
         inserted += int(rows["inserted"].sum())
         assert np.isfinite(rows["value_loss"][rows["sampled"] > 0]).all()
     assert inserted == s["transitions_inserted"]
+
+
+def test_sync_replay_skips_a_nan_update_on_every_rank(three):
+    """--fail 1@20:nan --nan-policy skip: the NaN travels in the average, every rank skips
+    that step, its target update and its batch's priorities; the replicas stay identical
+    (checked every 10 updates), and the run differs from the plain one."""
+    where, summaries = three
+    s, plain = summaries["skip"], summaries["sac"]
+    assert s["updates_skipped"] == 1 and s["updates"] == plain["updates"]
+    assert s["priority_updates"] == plain["priority_updates"] - 3 * 128
+    assert s["param_digest"] != plain["param_digest"]
+    with h5py.File(where / "skip" / "rank0000.h5", "r") as f:
+        rows = f["updates"][...]
+    assert rows["prio_updates"][rows["update"] == 20].tolist() == [0]
 
 
 def test_sync_replay_counts_transitions_not_repeated_env_steps(tmp_path):
