@@ -69,21 +69,26 @@ def budget(run: Path) -> int:
     return int(yaml.safe_load((run / "config.yaml").read_text())["total_steps"])
 
 
-def run_dir(algo: str, env: str, seed: int, runs: Path, steps: int) -> Path | None:
-    """The finished run of (algo, env, seed) at a budget of ``steps`` under ``runs``, or
-    None (a run of another budget is another case)."""
+def run_dir(algo: str, env: str, seed: int, runs: Path, steps: int,
+            ranks: int) -> Path | None:
+    """The finished run of (algo, env, seed) at a budget of ``steps`` and ``ranks`` ranks
+    under ``runs``, or None (a run of another budget or rank count is another case)."""
     found = sorted(s.parent for s in (runs / f"{algo}-{env}-s{seed}").glob("*/summary.json")
-                   if budget(s.parent) == steps)
+                   if budget(s.parent) == steps
+                   and json.loads(s.read_text().replace("NaN", "null"))["ranks"] == ranks)
     return found[-1] if found else None
 
 
-def unfinished(algo: str, env: str, seed: int, runs: Path, steps: int) -> Path | None:
+def unfinished(algo: str, env: str, seed: int, runs: Path, steps: int,
+               ranks: int) -> Path | None:
     """The newest run of (algo, env, seed) at a budget of ``steps`` under ``runs`` that
-    checkpointed and did not finish (stopped or killed: to resume), or None."""
+    checkpointed at ``ranks`` ranks and did not finish (stopped or killed: to resume),
+    or None."""
     found = sorted(ckpt.parent.parent for ckpt in
                    (runs / f"{algo}-{env}-s{seed}").glob("*/checkpoints/rank0000.pt")
                    if not (ckpt.parent.parent / "summary.json").exists()
-                   and budget(ckpt.parent.parent) == steps)
+                   and budget(ckpt.parent.parent) == steps
+                   and len(list(ckpt.parent.glob("rank*.pt"))) == ranks)
     return found[-1] if found else None
 
 
@@ -97,7 +102,7 @@ def launch(algo: str, env: str, seed: int, steps: int, ranks: int, runs: Path,
             "--seed", str(seed), "--total-steps", str(steps), "--run-dir", str(runs / name)]
     if algo == "sac":     # one averaged update of 256 per env step at any rank count
         argv += ["--replay-batch", str(256 // ranks), "--update-repeat", str(ranks)]
-    stopped = unfinished(algo, env, seed, runs, steps)
+    stopped = unfinished(algo, env, seed, runs, steps, ranks)
     if stopped is not None:                 # its config.yaml holds all of the above
         argv = ["--resume", str(stopped)]
     if threads:
@@ -115,7 +120,7 @@ def run_all(algo: str, cases: list[tuple[str, int]], steps: int, ranks: int, run
     threads per rank (0: mpirl's default for one job; with several at once every rank
     gets one, so the jobs do not fight for cores)."""
     runs.mkdir(parents=True, exist_ok=True)
-    todo = [case for case in cases if run_dir(algo, *case, runs, steps) is None]
+    todo = [case for case in cases if run_dir(algo, *case, runs, steps, ranks) is None]
     threads = threads or (1 if jobs > 1 else 0)
     running: list[tuple[tuple[str, int], subprocess.Popen]] = []
     while todo or running:
@@ -131,11 +136,11 @@ def run_all(algo: str, cases: list[tuple[str, int]], steps: int, ranks: int, run
                              f"see {runs / f'{algo}-{case[0]}-s{case[1]}.log'}")
 
 
-def measured(algo: str, env: str, seed: int, runs: Path, steps: int) -> dict:
+def measured(algo: str, env: str, seed: int, runs: Path, steps: int, ranks: int) -> dict:
     """One finished run as the results file keeps it: its budget and rank count (the
     run's own), final mean return, env steps/s, design and learning curve (env steps,
     wall seconds, mean return per progress line; None without one)."""
-    found = run_dir(algo, env, seed, runs, steps)
+    found = run_dir(algo, env, seed, runs, steps, ranks)
     summary = json.loads((found / "summary.json").read_text().replace("NaN", "null"))
     rows = read_progress(found)
     curve = None if rows is None else {
@@ -258,7 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     run_all(args.algo, cases, args.steps, args.ranks, args.runs, args.jobs, args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     kept = args.out / f"{args.algo}.json"
-    every = merge(kept, [measured(args.algo, *case, args.runs, args.steps) for case in cases])
+    every = merge(kept, [measured(args.algo, *case, args.runs, args.steps, args.ranks)
+                         for case in cases])
     kept.write_text(json.dumps({"algo": args.algo, "runs": every}, indent=1) + "\n")
     runs = of_table(every, args.steps, args.ranks, kept.name)
     text = table(args.algo, runs, args.steps, args.ranks)

@@ -122,12 +122,17 @@ class ReplayReplica:
         apart would fall out of step in their collectives) and fit this run's replay."""
         try:
             self.saved.restore(run_dir, self.rank)
-        except ValueError as err:            # the same on every rank: their config's
-            raise StartupMismatch(f"resume={str(run_dir)!r}: {err}") from None
-        where = self.comm.allgather((self.update, self.rollouts))
-        if len(set(where)) > 1:
+            error = ""
+        except Exception as err:     # any rank's (a file of its own): every rank hears of it
+            error = f"{type(err).__name__}: {err}"
+        where = self.comm.allgather((self.update, self.rollouts, error))
+        failed = [(r, e) for r, (_, _, e) in enumerate(where) if e]
+        if failed:
+            raise StartupMismatch(f"resume={str(run_dir)!r}: rank {failed[0][0]}: "
+                                  f"{failed[0][1]}")
+        if len({(u, n) for u, n, _ in where}) > 1:
             apart = ", ".join(f"rank {r}: update {u} (rollout {n})"
-                              for r, (u, n) in enumerate(where))
+                              for r, (u, n, _) in enumerate(where))
             raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
                                   f"different rollouts ({apart}): the job was killed while "
                                   "they were written; there is no state to resume from")
@@ -188,11 +193,12 @@ class ReplayReplica:
         if self.cfg.checksum_every and update % self.cfg.checksum_every == 0:
             self.check_replicas()
 
-    def rollout_done(self) -> bool:
-        """Episodes logged; a progress line when due; the periodic checkpoint.  True when
-        every rank's recent episodes reach ``--target-return`` (collective, the same
-        answer everywhere).  A stopped run adds no line of its own: resumed, its lines
-        are an uninterrupted run's."""
+    def rollout_done(self, periodic: bool = True) -> bool:
+        """Episodes logged; a progress line when due; the periodic checkpoint (not when
+        ``periodic`` is off: a stop writes its own).  True when every rank's recent
+        episodes reach ``--target-return`` (collective, the same answer everywhere).  A
+        stopped run adds no line of its own: resumed, its lines are an uninterrupted
+        run's."""
         finished = self.actor.drain_episodes()
         self.episodes.add(finished)
         self.log.episodes(self.update, finished)
@@ -201,7 +207,7 @@ class ReplayReplica:
         if due and self.report():
             return True
         every = self.cfg.checkpoint_every
-        if every and self.rollouts % every == 0 and self.budget_left():
+        if periodic and every and self.rollouts % every == 0 and self.budget_left():
             self.checkpoint()
         return False
 
@@ -247,9 +253,10 @@ class ReplayReplica:
         """After a rollout: True when the run reached ``--target-return``; every rank
         stops at the same rollout when any was signalled (collective), with a
         checkpoint, by :class:`StopRequested`."""
-        if self.rollout_done():
+        stopping = guard.stop_agreed(self.comm)
+        if self.rollout_done(periodic=not stopping):
             return True
-        if guard.stop_agreed(self.comm):
+        if stopping:
             self.stop()
         return False
 

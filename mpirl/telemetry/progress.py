@@ -23,12 +23,14 @@ class Progress:
         self.start = time.perf_counter() - elapsed_s   # a resumed run counts on
         self._file = None
         self.run_dir = run_dir
+        self.lines = 0                                 # progress.csv's, below its header
         if enabled:
             self._open(append=resume)
 
     def _open(self, append: bool) -> None:
         path = self.run_dir / "progress.csv"
         append = append and path.is_file()
+        self.lines = len(whole_lines(path)) if append else 0
         self._file = open(path, "a" if append else "w", newline="")
         self._csv = csv.writer(self._file)
         if not append:
@@ -58,6 +60,7 @@ class Progress:
         mean = return_sum / episodes if episodes else math.nan
         rate = env_steps / wall if wall > 0 else math.nan
         episodes = int(episodes)
+        self.lines += 1
         self._csv.writerow([update, env_steps, f"{wall:.3f}", episodes, f"{mean:.3f}",
                             f"{rate:.1f}", f"{comm_share:.4f}", f"{mean_staleness:.3f}", role,
                             f"{wait:.4f}", f"{actors:.4f}"])
@@ -78,32 +81,42 @@ class Progress:
         return time.perf_counter() - self.start
 
     def state(self) -> dict:
-        """The run's wall time so far (a resumed run counts on from it)."""
-        return {"wall_s": self.elapsed()}
+        """The run's wall time so far (a resumed run counts on from it) and the lines
+        progress.csv held (on the reporting rank; 0 elsewhere)."""
+        return {"wall_s": self.elapsed(), "progress_lines": self.lines}
 
     def load_state(self, state: dict) -> None:
         """Count on from the checkpoint's wall time; on the reporting rank, drop the
-        lines written after the checkpoint (beyond its ``env_steps``: a killed run wrote
-        them, and the resumed run writes them again)."""
+        lines written after the checkpoint (a killed run wrote them, and the resumed run
+        writes them again): all but its ``progress_lines`` first, or, in a checkpoint
+        from before they were counted, those beyond its ``env_steps``."""
         self.start = time.perf_counter() - state["wall_s"]
-        if self._file is not None and "env_steps" in state:
-            self._cut_after(int(state["env_steps"]))
-
-    def _cut_after(self, env_steps: int) -> None:
+        if self._file is None or not ("progress_lines" in state or "env_steps" in state):
+            return
         self._file.close()
         path = self.run_dir / "progress.csv"
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-        kept = rows[:1] + [r for r in rows[1:] if r and int(r[1]) <= env_steps]
+        rows = whole_lines(path)
+        kept = (rows[:int(state["progress_lines"])] if "progress_lines" in state
+                else [r for r in rows if int(r[1]) <= int(state["env_steps"])])
         tmp = path.with_suffix(".csv.tmp")
         with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows(kept)
+            csv.writer(f).writerows([COLUMNS, *kept])
         os.replace(tmp, path)
         self._open(append=True)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+
+def whole_lines(path: Path) -> list[list[str]]:
+    """progress.csv's lines below its header that are whole (a crash can leave a torn
+    last one); none when there is no file."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    return [r for r in rows[1:] if len(r) == len(COLUMNS) and r[1].isdigit()]
 
 
 def read_progress(run_dir: Path):

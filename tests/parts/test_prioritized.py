@@ -412,3 +412,7 @@ def test_a_replay_refuses_a_state_of_another_layout():
     PrioritizedReplay(8, FIELDS).load_state(old)
     with pytest.raises(ValueError, match="this replay: capacity 16"):
         PrioritizedReplay(16, FIELDS).load_state(old)    # its ring may have wrapped
+    young = PrioritizedReplay(8, FIELDS)
+    young.add(records(0, 5), 1.0)                        # never wrapped: fits a larger one
+    PrioritizedReplay(16, FIELDS).load_state(
+        {k: v for k, v in young.state().items() if k != "capacity"})
