@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import torch
 
 from ..config import Config
 from ..parts.replay import PrioritizedReplay
 from ..parts.transitions import TransitionLayout, as_batch, fill
+from ..resilience.checkpoint import as_arrays, as_tensors
 
 
 class LocalMemory:
@@ -69,14 +69,11 @@ class LocalMemory:
     def state(self) -> dict:
         """The replay's records, stamps, priorities and counts (as tensors: the arrays are
         not copied), the sampling RNG and the ledger's counts, under ``memory.`` keys."""
-        replay = {key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-                  for key, value in self.replay.state().items()}
-        return {self.PREFIX + "replay": replay, self.PREFIX + "sent": self.sent,
-                self.PREFIX + "prio_sent": self.prio_sent,
+        return {self.PREFIX + "replay": as_tensors(self.replay.state()),
+                self.PREFIX + "sent": self.sent, self.PREFIX + "prio_sent": self.prio_sent,
                 self.PREFIX + "rng": json.dumps(self.rng.bit_generator.state)}
 
     def load_state(self, state: dict) -> None:
-        self.replay.load_state({key: value.numpy() if isinstance(value, torch.Tensor)
-                                else value for key, value in state[self.PREFIX + "replay"].items()})
+        self.replay.load_state(as_arrays(state[self.PREFIX + "replay"]))
         self.sent, self.prio_sent = state[self.PREFIX + "sent"], state[self.PREFIX + "prio_sent"]
         self.rng.bit_generator.state = json.loads(state[self.PREFIX + "rng"])

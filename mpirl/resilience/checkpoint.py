@@ -81,6 +81,24 @@ class TrainingState:
         return state
 
 
+def as_tensors(arrays: dict) -> dict:
+    """``arrays`` with its numpy arrays as tensors sharing their memory (a checkpoint
+    holds tensors, numbers and strings only); other values as they are."""
+    import numpy as np
+    import torch
+
+    return {key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+            for key, value in arrays.items()}
+
+
+def as_arrays(tensors: dict) -> dict:
+    """What :func:`as_tensors` made, back as numpy arrays."""
+    import torch
+
+    return {key: value.numpy() if isinstance(value, torch.Tensor) else value
+            for key, value in tensors.items()}
+
+
 def path_for(run_dir: Path, rank: int, generation: int | None = None) -> Path:
     """Rank ``rank``'s checkpoint file: sync's own, or that of an async/quorum generation."""
     if generation is None:

@@ -25,6 +25,7 @@ from mpi4py import MPI
 import topologies
 from topologies.base import CommStats, SummedStats
 
+from .checkpoint import as_arrays, as_tensors
 from .ulfm import Backup, FailureEvent, Team
 
 T = TypeVar("T")
@@ -160,15 +161,12 @@ TOPOLOGY_PREFIX = "exchange."
 def topology_state(topology) -> dict:
     """A topology's state (:meth:`topologies.base.Topology.state`: error feedback's
     residuals) as tensors, under ``exchange.`` keys; none for exchanges without state."""
-    import torch
-
-    return {TOPOLOGY_PREFIX + key: torch.from_numpy(value) if isinstance(value, np.ndarray)
-            else value for key, value in topology.state().items()}
+    return {TOPOLOGY_PREFIX + key: value for key, value in as_tensors(topology.state()).items()}
 
 
 def load_topology_state(topology, state: dict) -> None:
     """Put back into ``topology`` what :func:`topology_state` saved (if anything)."""
-    mine = {key[len(TOPOLOGY_PREFIX):]: value.numpy() if hasattr(value, "numpy") else value
-            for key, value in state.items() if key.startswith(TOPOLOGY_PREFIX)}
+    mine = as_arrays({key[len(TOPOLOGY_PREFIX):]: value for key, value in state.items()
+                      if key.startswith(TOPOLOGY_PREFIX)})
     if mine:
         topology.load_state(mine)
