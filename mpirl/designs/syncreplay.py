@@ -40,10 +40,10 @@ import torch
 from mpi4py import MPI
 
 from ..config import Config
-from ..errors import ReplicaDivergence, StartupMismatch
+from ..errors import ReplicaDivergence
 from ..kit import ledger
 from ..kit.common import (Episodes, Summary, build_dqn, close_run, comm_share, print_layout,
-                          reached_target, say_resumed, start_replica, sum_over_ranks)
+                          reached_target, resume_in_step, start_replica, sum_over_ranks)
 from ..kit.memory import LocalMemory
 from ..parts.replay import beta_at
 from ..parts.transitions import TransitionLayout, initial_priorities
@@ -117,28 +117,10 @@ class ReplayReplica:
         self.log.watch(self.exchange, waits=(), from_zero=True)
 
     def restore(self, run_dir: Path) -> None:
-        """Every part from this rank's checkpoint; the ranks' checkpoints must be of one
-        rollout (a job killed while its ranks wrote them leaves them apart, and ranks
-        apart would fall out of step in their collectives) and fit this run's replay."""
-        try:
-            self.saved.restore(run_dir, self.rank)
-            error = ""
-        except Exception as err:     # any rank's (a file of its own): every rank hears of it
-            error = f"{type(err).__name__}: {err}"
-        where = self.comm.allgather((self.update, self.rollouts, error))
-        failed = [(r, e) for r, (_, _, e) in enumerate(where) if e]
-        if failed:
-            raise StartupMismatch(f"resume={str(run_dir)!r}: rank {failed[0][0]}: "
-                                  f"{failed[0][1]}")
-        if len({(u, n) for u, n, _ in where}) > 1:
-            apart = ", ".join(f"rank {r}: update {u} (rollout {n})"
-                              for r, (u, n, _) in enumerate(where))
-            raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
-                                  f"different rollouts ({apart}): the job was killed while "
-                                  "they were written; there is no state to resume from")
-        if self.rank == 0:
-            say_resumed(self.cfg, run_dir, f"at update {self.update} ({self.env_steps} env "
-                        "steps) from its checkpoints")
+        """Every part from this rank's checkpoint, the ranks' of one rollout
+        (:func:`~mpirl.kit.common.resume_in_step`); the replay's must fit this run's."""
+        resume_in_step(self.cfg, self.comm, self.saved, run_dir,
+                       lambda: (self.update, self.rollouts, self.env_steps))
 
     def budget_left(self) -> bool:
         return self.env_steps + self.size * self.cfg.steps_per_batch <= self.cfg.total_steps

@@ -261,6 +261,34 @@ def print_layout(topology, rank: int) -> None:
         print(f"mpirl: {line}", flush=True)
 
 
+def resume_in_step(cfg, comm: MPI.Comm, saved, run_dir, position) -> None:
+    """Every part of ``saved`` (a :class:`~mpirl.resilience.checkpoint.TrainingState`)
+    from this rank's checkpoint, the ranks agreeing (collective): a rank's failed restore
+    (a file of its own) is told on every rank, none waiting for a rank that left, and
+    ranks whose checkpoints are of different rollouts are refused (a job killed while its
+    ranks wrote them leaves them apart, and ranks apart would fall out of step in their
+    collectives).  ``position()``, read after the restore: (update, rollout, env steps)."""
+    try:
+        saved.restore(run_dir, comm.Get_rank())
+        error = ""
+    except Exception as err:
+        error = f"{type(err).__name__}: {err}"
+    where = comm.allgather((*position(), error))
+    failed = [(r, e) for r, (*_, e) in enumerate(where) if e]
+    if failed:
+        raise StartupMismatch(f"resume={str(run_dir)!r}: rank {failed[0][0]}: {failed[0][1]}")
+    if len({(u, n) for u, n, _, _ in where}) > 1:
+        apart = ", ".join(f"rank {r}: update {u} (rollout {n})"
+                          for r, (u, n, _, _) in enumerate(where))
+        raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
+                              f"different rollouts ({apart}): the job was killed while "
+                              "they were written; there is no state to resume from")
+    update, _, env_steps, _ = where[0]
+    if comm.Get_rank() == 0:
+        say_resumed(cfg, run_dir, f"at update {update} ({env_steps} env steps) from its "
+                    "checkpoints")
+
+
 def say_resumed(cfg, run_dir, where: str) -> None:
     """Rank 0 of a resumed run, once its checkpoint is back: save the flags given on top
     into ``config.yaml`` (:meth:`~mpirl.config.Config.save_resumed`) and say so, and

@@ -55,7 +55,10 @@ def test_value_based_designs_learn_cartpole(tmp_path, mode):
     config = ROOT / "experiments" / f"cartpole_{mode}.yaml"
     settings = yaml.safe_load(config.read_text())
     budget = settings["total_steps"]
-    result = run_mpi(4, ["-m", "mpirl.run", "--config", str(config), "--log-every", "1000",
+    # gorila's server 0 judges the target at its progress lines: every 250 of its
+    # updates (8,000 env steps, about 2 s here) a run stops soon after reaching it
+    every = "250" if mode == "gorila" else "1000"
+    result = run_mpi(4, ["-m", "mpirl.run", "--config", str(config), "--log-every", every,
                          "--run-dir", str(tmp_path), "--run-name", "r"], timeout_s=400)
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["reached_target"], result.tail()

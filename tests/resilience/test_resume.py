@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import BATCH, launch_runs
+from conftest import BATCH, launch_runs, train_many
 from mpirl.config import Config
 from mpirl.resilience import checkpoint
 from mpirl.resilience.sentinel import read_status, status_dir
@@ -164,11 +165,20 @@ def test_resume_is_refused_where_it_cannot_work(tmp_path):
     result = run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "nothing")],
                      timeout_s=60, check=False)
     assert result.returncode == 2 and "no " in result.output and "config.yaml" in result.output
-    run_mpi(2, ["-m", "mpirl.run", *RUN, "--run-dir", str(tmp_path), "--run-name", "two"],
-            timeout_s=180)
+    # and a run half as long, whose rank 1 ends at an earlier update
+    train_many(tmp_path, 2, {"two": RUN, "half": [*RUN, "--total-steps", "1280"]})
     result = run_mpi(3, ["-m", "mpirl.run", "--resume", str(tmp_path / "two")], timeout_s=60,
                      check=False)
     assert result.returncode == 2 and "no checkpoint for ranks [2]" in result.output
+    # rank 1's checkpoint from the other run: the ranks would resume apart (a job killed
+    # while its ranks wrote their checkpoints leaves them so); refused on every rank
+    shutil.copy(tmp_path / "half" / "checkpoints" / "rank0001.pt",
+                tmp_path / "two" / "checkpoints" / "rank0001.pt")
+    result = run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "two")], timeout_s=60,
+                     check=False)
+    assert result.returncode == 2, result.tail()
+    assert "checkpoints are of different rollouts (rank 0: update 80 (rollout 80), " \
+        "rank 1: update 40 (rollout 40))" in result.output, result.tail()
 
 
 # -- async / quorum --------------------------------------------------------------------------
