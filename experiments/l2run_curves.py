@@ -171,7 +171,7 @@ def figure(results: dict[str, np.ndarray], path: Path) -> None:
         for ax, x in ((by_steps, rows["env_steps"][kept] / 1e3),
                       (by_time, rows["wall_s"][kept] / 60)):
             ax.plot(x, ret[kept], color=color, alpha=0.25, lw=0.7)
-            if smooth.size:
+            if kept.sum() >= 20:      # ('valid' of fewer lines is not a running mean)
                 ax.plot(x[19:], smooth, color=color, lw=1.8, label=f"{label} (mean of 20 lines)")
     by_steps.set(xlabel="env steps: simulator steps (thousands)",
                  ylabel="mean episode return (m walked)")

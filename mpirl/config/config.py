@@ -15,7 +15,7 @@ from .actorlearner import ActorLearnerFields, check_actor_learner
 from .design import DesignFields, check_design, check_wiring, parse_stragglers
 from .env import EnvFields, check_budget, check_env
 from .learner import LearnerFields, check_learner, check_model
-from .loading import SafeLoader, coerce, load_yaml, printable
+from .loading import ValueLoader, coerce, load_yaml, printable
 from .replay import ReplayFields, check_replay
 from .resilience import ResilienceFields, check_resilience
 from .telemetry import TelemetryFields, check_telemetry
@@ -41,14 +41,15 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         return parse_stragglers(self.straggler).get(rank, 1.0)
 
     def env_kwargs(self) -> dict:
-        """``env_arg`` as keyword arguments; values are read as YAML (2 -> int, x -> str)."""
+        """``env_arg`` as keyword arguments; values are read as YAML (2 -> int, 5e-5 ->
+        float, x -> str)."""
         out = {}
         for spec in self.env_arg:
             key, sep, text = str(spec).partition("=")
             if not sep or not key.strip():
                 raise ConfigError(f"env_arg={spec!r}; expected KEY=VALUE, e.g. difficulty=2")
             try:
-                out[key.strip()] = yaml.load(text, Loader=SafeLoader)
+                out[key.strip()] = yaml.load(text, Loader=ValueLoader)
             except (yaml.YAMLError, RecursionError):
                 raise ConfigError(f"env_arg={spec!r}: {text!r} is not a value") from None
         return out

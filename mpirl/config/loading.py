@@ -25,6 +25,17 @@ class SafeLoader(yaml.SafeLoader):
                 f"({type(err).__name__}: {err})", node.start_mark) from None
 
 
+class ValueLoader(SafeLoader):
+    """:class:`SafeLoader` that reads YAML 1.2's floats without a dot too: ``5e-5`` and
+    ``1e3`` are numbers, as a user writing ``--env-arg integrator_accuracy=5e-5`` means
+    (PyYAML follows YAML 1.1, where they are strings: ``5.0e-5`` is its float)."""
+
+
+ValueLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 def load_yaml(path: str | Path) -> dict:
     """Safe-load a YAML file; errors name the file and, for syntax errors, the line."""
     path = Path(path)

@@ -123,6 +123,9 @@ def test_delay_tails_are_bounded_so_costs_stay_finite():
 def test_env_args_are_typed_from_yaml_and_checked():
     cfg = Config(env="Delay-v0", env_arg=["cost_s=0.5", "dist=pareto", "obs_dim=7"])
     assert cfg.env_kwargs() == {"cost_s": 0.5, "dist": "pareto", "obs_dim": 7}
+    # YAML 1.2's floats without a dot are numbers (PyYAML's YAML 1.1 reads them as text)
+    assert Config(env_arg=["a=5e-5", "b=-1E3", "c=1_0e+2", "d=e5", "e=5e"]).env_kwargs() == \
+        {"a": 5e-5, "b": -1000.0, "c": 1000.0, "d": "e5", "e": "5e"}
     cfg.validate(world_size=2)
     with pytest.raises(ConfigError, match="Delay-v0 has no argument 'colour'"):
         Config(env="Delay-v0", env_arg=["colour=red"]).validate(world_size=2)
