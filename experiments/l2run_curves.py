@@ -155,23 +155,27 @@ def projection_table(results: dict[str, np.ndarray], projections: dict[str, dict
     return "\n".join(lines) + "\n"
 
 
-def figure(results: dict[str, np.ndarray], path: Path) -> None:
+def figure(curves: dict[str, np.ndarray], path: Path) -> None:
+    """The mean return against env steps and against wall time, a line per run (label ->
+    its progress lines); experiments/study_integrator_learning.py draws with it too."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, (design, rows) in enumerate(results.items()):
-        label, color = DESIGNS[design][2], f"C{i}"
+    for i, (label, rows) in enumerate(curves.items()):
+        color = f"C{i}"
         ret = rows["mean_return"]
         # each progress line averages a few episodes: drawn faint, with a running mean
         # over 20 lines (episodes without an end in a line are skipped)
         kept = np.isfinite(ret)
-        smooth = np.convolve(ret[kept], np.ones(20) / 20, mode="valid")
         for ax, x in ((by_steps, rows["env_steps"][kept] / 1e3),
                       (by_time, rows["wall_s"][kept] / 60)):
-            ax.plot(x, ret[kept], color=color, alpha=0.25, lw=0.7)
-            if kept.sum() >= 20:      # ('valid' of fewer lines is not a running mean)
+            few = kept.sum() < 20     # ('valid' of fewer lines is not a running mean)
+            ax.plot(x, ret[kept], color=color, alpha=0.25, lw=0.7,
+                    label=f"{label} (each line)" if few else None)
+            if not few:
+                smooth = np.convolve(ret[kept], np.ones(20) / 20, mode="valid")
                 ax.plot(x[19:], smooth, color=color, lw=1.8, label=f"{label} (mean of 20 lines)")
     by_steps.set(xlabel="env steps: simulator steps (thousands)",
                  ylabel="mean episode return (m walked)")
@@ -207,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     if projections:
         text += projection_table(results, projections, args.project_days)
     (args.out / "curves.md").write_text(text)
-    figure(results, args.out / "curves.png")
+    figure({DESIGNS[design][2]: rows for design, rows in results.items()},
+           args.out / "curves.png")
     print(text)
 
 

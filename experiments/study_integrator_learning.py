@@ -23,8 +23,9 @@ Two comparisons, one table (docs/figures/l2run/integrator-learning.md) and a fig
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,28 +33,38 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpirl.launch import mpiexec_command, run_for  # noqa: E402
+from l2run_curves import figure  # noqa: E402  (this directory: the same two panels)
+from mpirl.launch import mpi_env, mpiexec_command, stop_job  # noqa: E402
 from mpirl.telemetry.progress import read_progress  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "l2run_sac.yaml"
 OUT = ROOT / "docs" / "figures" / "l2run"
-#: progress lines a return is averaged over (each line averages the episodes it saw end)
+#: progress lines a return is averaged over (each line averages the episodes it saw end),
+#: as l2run_curves' running mean
 LINES = 20
+#: seconds a run may take to end after SIGTERM (a checkpoint of its replay is written)
+GRACE_S = 300
 
 
 def run_path(runs: Path, accuracy: float) -> Path:
     return runs / f"sac-acc{accuracy:g}"
 
 
-def run(accuracy: float, opts) -> np.ndarray:
-    """The run at ``accuracy``: launched (or found done) and its progress lines."""
+def done(accuracy: float, opts) -> bool:
+    """The run at ``accuracy`` ran its minutes (then its progress is read, not rerun); a
+    directory holding anything else is refused before any run starts."""
     where = run_path(opts.runs, accuracy)
     ran = where / "minutes.txt"           # written once the time limit stopped the run
     if ran.is_file() and float(ran.read_text()) >= opts.minutes:
-        return read_progress(where / "r")
+        return True
     if where.exists():
-        raise SystemExit(f"{where} holds a run shorter than {opts.minutes:g} minutes; "
-                         "move it aside to run it again")
+        raise SystemExit(f"{where} holds a run shorter than {opts.minutes:g} minutes (or "
+                         "an unfinished one); move it aside to run it again")
+    return False
+
+
+def launch(accuracy: float, opts) -> subprocess.Popen:
+    where = run_path(opts.runs, accuracy)
     where.mkdir(parents=True)
     cmd = mpiexec_command(opts.ranks, [
         sys.executable, "-m", "mpirl.run", "--config", str(CONFIG), "--seed", str(opts.seed),
@@ -61,15 +72,32 @@ def run(accuracy: float, opts) -> np.ndarray:
         "--torch-threads", "1", "--run-dir", str(where), "--run-name", "r"])
     print(" ".join(cmd), flush=True)
     with open(where / "output.txt", "w") as log:
-        try:
-            run_for(cmd, opts.minutes * 60, cwd=ROOT, stdout=log)
-        except RuntimeError as err:
-            raise SystemExit(f"integrator_accuracy {accuracy:g}: {err}") from None
-    rows = read_progress(where / "r")
-    if rows is None:
-        raise SystemExit(f"integrator_accuracy {accuracy:g}: no progress line in {where}")
-    ran.write_text(f"{opts.minutes:g}\n")
-    return rows
+        return subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), start_new_session=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_side_by_side(todo: list[float], opts) -> None:
+    """The runs at ``todo``'s accuracies at once, each stopped by SIGTERM after
+    ``opts.minutes`` (as a batch system's time limit: every rank ends at its next
+    boundary, its logs closed); a run that ends by itself before is a failure, and so is
+    Ctrl-C, which stops every run the same way first."""
+    jobs = {accuracy: launch(accuracy, opts) for accuracy in todo}
+    deadline = time.monotonic() + opts.minutes * 60
+    try:
+        while time.monotonic() < deadline:
+            ended = {a: job.returncode for a, job in jobs.items() if job.poll() is not None}
+            if ended:
+                raise SystemExit(f"ended before the time limit (exit status): {ended}; see "
+                                 f"{run_path(opts.runs, next(iter(ended)))}/output.txt")
+            time.sleep(1.0)
+    finally:
+        stopped = {a: stop_job(job, GRACE_S) for a, job in jobs.items() if job.poll() is None}
+    if not all(stopped.values()):
+        raise SystemExit(f"no exit within {GRACE_S} s of SIGTERM (killed): {stopped}")
+    for accuracy in todo:
+        if read_progress(run_path(opts.runs, accuracy) / "r") is None:
+            raise SystemExit(f"integrator_accuracy {accuracy:g}: no progress line")
+        (run_path(opts.runs, accuracy) / "minutes.txt").write_text(f"{opts.minutes:g}\n")
 
 
 def last_mean(rows: np.ndarray, upto: float) -> float:
@@ -94,33 +122,6 @@ def table(results: dict[float, np.ndarray], opts) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(results: dict[float, np.ndarray], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, (accuracy, rows) in enumerate(results.items()):
-        ret, color = rows["mean_return"], f"C{i}"
-        kept = np.isfinite(ret)
-        smooth = np.convolve(ret[kept], np.ones(LINES) / LINES, mode="valid")
-        for ax, x in ((by_steps, rows["env_steps"][kept] / 1e3),
-                      (by_time, rows["wall_s"][kept] / 60)):
-            ax.plot(x, ret[kept], color=color, alpha=0.25, lw=0.7)
-            if kept.sum() >= LINES:
-                ax.plot(x[LINES - 1:], smooth, color=color, lw=1.8,
-                        label=f"integrator_accuracy {accuracy:g} (mean of {LINES} lines)")
-    by_steps.set(xlabel="env steps: simulator steps (thousands)",
-                 ylabel="mean episode return (m walked)")
-    by_time.set(xlabel="wall time (minutes)", ylabel="mean episode return (m walked)")
-    for ax in (by_steps, by_time):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accuracies", nargs="+", type=float, default=[1e-3, 5e-5])
@@ -136,12 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     if opts.minutes <= 0 or opts.ranks < 1:
         parser.error(f"--minutes {opts.minutes:g} --ranks {opts.ranks}: allowed: minutes > 0, "
                      "ranks >= 1")
-    with ThreadPoolExecutor(len(opts.accuracies)) as pool:
-        found = list(pool.map(lambda a: run(a, opts), opts.accuracies))
-    results = dict(zip(opts.accuracies, found, strict=True))
+    run_side_by_side([a for a in opts.accuracies if not done(a, opts)], opts)
+    results = {a: read_progress(run_path(opts.runs, a) / "r") for a in opts.accuracies}
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "integrator-learning.md").write_text(table(results, opts))
-    figure(results, opts.out / "integrator-learning.png")
+    figure({f"integrator_accuracy {a:g}": rows for a, rows in results.items()},
+           opts.out / "integrator-learning.png")
     print(table(results, opts))
 
 

@@ -25,15 +25,21 @@ class SafeLoader(yaml.SafeLoader):
                 f"({type(err).__name__}: {err})", node.start_mark) from None
 
 
+#: numbers YAML 1.1 leaves as strings (an exponent without a dot, or without its sign:
+#: 3e-4, 1E5, 1.5e3)
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 class ValueLoader(SafeLoader):
     """:class:`SafeLoader` that reads YAML 1.2's floats without a dot too: ``5e-5`` and
     ``1e3`` are numbers, as a user writing ``--env-arg integrator_accuracy=5e-5`` means
     (PyYAML follows YAML 1.1, where they are strings: ``5.0e-5`` is its float)."""
 
 
-ValueLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+ValueLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                  re.compile(f"^{_YAML11_FLOAT.pattern}$"), list("-+.0123456789"))
+
+
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -70,8 +76,6 @@ def config_differences(mine: dict, reference: dict) -> list[str]:
             for key in sorted(set(mine) | set(reference)) if mine.get(key) != reference.get(key)]
 
 
-#: numbers YAML 1.1 leaves as strings (an exponent without a dot: 3e-4, 1E5)
-_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def coerce(default, key: str, value, source: str):

@@ -43,7 +43,8 @@ from ..config import Config
 from ..errors import ReplicaDivergence
 from ..kit import ledger
 from ..kit.common import (Episodes, Summary, build_dqn, close_run, comm_share, print_layout,
-                          reached_target, resume_in_step, start_replica, sum_over_ranks)
+                          reached_target, resume_in_step, say_resumed,
+                          start_replica, sum_over_ranks)
 from ..kit.memory import LocalMemory
 from ..parts.replay import beta_at
 from ..parts.transitions import TransitionLayout, initial_priorities
@@ -107,8 +108,9 @@ class ReplayReplica:
         self.rows = {"updates": 0, "episodes": 0}        # written to this rank's log
         self.solved = False
         self.progress = Progress(run_dir, enabled=self.rank == 0, resume=bool(cfg.resume))
+        # progress last: it cuts progress.csv, once every other part took its state
         self.saved = TrainingState(self, self.learner, self.actor, self.episodes,
-                                   self.progress, self.memory)
+                                   self.memory, self.progress)
         if cfg.resume:
             self.restore(run_dir)
         self.log = RunLogger(cfg, comm, run_dir, role="worker",
@@ -119,8 +121,10 @@ class ReplayReplica:
     def restore(self, run_dir: Path) -> None:
         """Every part from this rank's checkpoint, the ranks' of one rollout
         (:func:`~mpirl.kit.common.resume_in_step`); the replay's must fit this run's."""
-        resume_in_step(self.cfg, self.comm, self.saved, run_dir,
-                       lambda: (self.update, self.rollouts, self.env_steps))
+        resume_in_step(self.comm, self.saved, run_dir, "rollouts")
+        if self.rank == 0:
+            say_resumed(self.cfg, run_dir, f"at update {self.update} ({self.env_steps} env "
+                        "steps) from its checkpoints")
 
     def budget_left(self) -> bool:
         return self.env_steps + self.size * self.cfg.steps_per_batch <= self.cfg.total_steps

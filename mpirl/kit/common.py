@@ -261,32 +261,44 @@ def print_layout(topology, rank: int) -> None:
         print(f"mpirl: {line}", flush=True)
 
 
-def resume_in_step(cfg, comm: MPI.Comm, saved, run_dir, position) -> None:
+def resume_in_step(comm: MPI.Comm, saved, run_dir, rollout_key: str) -> None:
     """Every part of ``saved`` (a :class:`~mpirl.resilience.checkpoint.TrainingState`)
-    from this rank's checkpoint, the ranks agreeing (collective): a rank's failed restore
-    (a file of its own) is told on every rank, none waiting for a rank that left, and
-    ranks whose checkpoints are of different rollouts are refused (a job killed while its
-    ranks wrote them leaves them apart, and ranks apart would fall out of step in their
-    collectives).  ``position()``, read after the restore: (update, rollout, env steps)."""
+    from this rank's checkpoint, the ranks agreeing (collective, in two steps: nothing
+    is put back, progress.csv not cut, until every rank's file is read and of one
+    rollout).  A rank's failure (its file unreadable, or a part refusing it) is told on
+    every rank, none waiting for a rank that left; ranks whose checkpoints are of
+    different rollouts (``update`` and ``rollout_key``) are refused: a job killed while
+    its ranks wrote them leaves them apart, and ranks apart would fall out of step in
+    their collectives."""
+    from ..resilience import checkpoint
+
+    state, at, error = None, (None, None), ""
     try:
-        saved.restore(run_dir, comm.Get_rank())
+        state = checkpoint.load(run_dir, comm.Get_rank())
+        at = (state["update"], state[rollout_key])
+    except Exception as err:          # its first sentence: torch's go on for lines
+        first = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:160]
+        error = (f"{checkpoint.path_for(run_dir, comm.Get_rank()).name} cannot be read "
+                 f"({type(err).__name__}: {first})")
+    where = comm.allgather((*at, error))
+    _refuse_failed(run_dir, [e for *_, e in where])
+    at = checkpoint.apart([(u, n) for u, n, _ in where])
+    if at:
+        raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
+                              f"different rollouts ({at}): the job was killed while "
+                              "they were written; there is no state to resume from")
+    try:
+        saved.load_state(state)
         error = ""
     except Exception as err:
         error = f"{type(err).__name__}: {err}"
-    where = comm.allgather((*position(), error))
-    failed = [(r, e) for r, (*_, e) in enumerate(where) if e]
+    _refuse_failed(run_dir, comm.allgather(error))
+
+
+def _refuse_failed(run_dir, errors: list[str]) -> None:
+    failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         raise StartupMismatch(f"resume={str(run_dir)!r}: rank {failed[0][0]}: {failed[0][1]}")
-    if len({(u, n) for u, n, _, _ in where}) > 1:
-        apart = ", ".join(f"rank {r}: update {u} (rollout {n})"
-                          for r, (u, n, _, _) in enumerate(where))
-        raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
-                              f"different rollouts ({apart}): the job was killed while "
-                              "they were written; there is no state to resume from")
-    update, _, env_steps, _ = where[0]
-    if comm.Get_rank() == 0:
-        say_resumed(cfg, run_dir, f"at update {update} ({env_steps} env steps) from its "
-                    "checkpoints")
 
 
 def say_resumed(cfg, run_dir, where: str) -> None:

@@ -23,7 +23,7 @@ from ..config import Config
 from ..errors import ReplicaDivergence
 from .common import (Episodes, Summary, build_replica, check_same_model, comm_share,
                       final_mean_return, print_layout, reached_target, resume_in_step,
-                      sum_over_ranks)
+                      say_resumed, sum_over_ranks)
 from .overlap import Overlap, Whole
 from ..parts.actor import Actor
 from ..parts.learner import Learner
@@ -116,10 +116,13 @@ class SyncRank:
         exchange.bcast(learner.params, root=0)      # identical start, whatever torch did
         count, episodes = Counters(comm.Get_size(), cfg.steps_per_batch), Episodes()
         progress = Progress(run_dir, enabled=rank == 0, resume=bool(cfg.resume))
-        saved = TrainingState(count, learner, actor, episodes, progress, exchange)
+        # progress last: it cuts progress.csv, once every other part took its state
+        saved = TrainingState(count, learner, actor, episodes, exchange, progress)
         if cfg.resume:                # the ranks' checkpoints of one rollout, or refused
-            resume_in_step(cfg, comm, saved, run_dir,
-                           lambda: (count.update, count.batch_index, count.env_steps))
+            resume_in_step(comm, saved, run_dir, "batch_index")
+            if rank == 0:
+                say_resumed(cfg, run_dir, f"at update {count.update} "
+                            f"({count.env_steps} env steps) from its checkpoints")
         commits = elastic.start(cfg, comm, run_dir, progress.elapsed(),
                                 restore=lambda state: continue_from(state, learner, count),
                                 reseed=lambda seed: reseed(actor, seed + 10000 * rank))

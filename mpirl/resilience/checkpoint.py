@@ -214,8 +214,16 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool,
                                       f"ranks, not {world_size}")
         updates.append(state.get("update", state.get("version")))
         rollouts.append(state.get("rollouts"))
-    if same_update and len(set(zip(updates, rollouts, strict=True))) > 1:
-        at = ", ".join(f"rank {r}: {u}" + ("" if n is None else f" (rollout {n})")
-                       for r, (u, n) in enumerate(zip(updates, rollouts, strict=True)))
+    at = apart(list(zip(updates, rollouts, strict=True)))
+    if same_update and at:
         raise UnusableCheckpoints(f"the ranks' checkpoints are of different updates ({at})")
     return updates[0] if isinstance(updates[0], int) else None
+
+
+def apart(positions: list[tuple]) -> str:
+    """Each rank's (update, rollout or None) in words when the ranks' checkpoints are not
+    all of one, else "": "rank 0: update 80 (rollout 80), rank 1: update 40 (rollout 40)"."""
+    if len(set(positions)) <= 1:
+        return ""
+    return ", ".join(f"rank {r}: update {u}" + ("" if n is None else f" (rollout {n})")
+                     for r, (u, n) in enumerate(positions))

@@ -124,8 +124,10 @@ def test_env_args_are_typed_from_yaml_and_checked():
     cfg = Config(env="Delay-v0", env_arg=["cost_s=0.5", "dist=pareto", "obs_dim=7"])
     assert cfg.env_kwargs() == {"cost_s": 0.5, "dist": "pareto", "obs_dim": 7}
     # YAML 1.2's floats without a dot are numbers (PyYAML's YAML 1.1 reads them as text)
-    assert Config(env_arg=["a=5e-5", "b=-1E3", "c=1_0e+2", "d=e5", "e=5e"]).env_kwargs() == \
-        {"a": 5e-5, "b": -1000.0, "c": 1000.0, "d": "e5", "e": "5e"}
+    assert Config(env_arg=["a=5e-5", "b=-1E3", "c=1.5e3", "d=.5e1", "e=e5", "f=5e",
+                           "g=1e5x", "h=0x1e5", "i=1.2.3"]).env_kwargs() == \
+        {"a": 5e-5, "b": -1000.0, "c": 1500.0, "d": 5.0, "e": "e5", "f": "5e", "g": "1e5x",
+         "h": 0x1e5, "i": "1.2.3"}
     cfg.validate(world_size=2)
     with pytest.raises(ConfigError, match="Delay-v0 has no argument 'colour'"):
         Config(env="Delay-v0", env_arg=["colour=red"]).validate(world_size=2)

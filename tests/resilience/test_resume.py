@@ -172,6 +172,7 @@ def test_resume_is_refused_where_it_cannot_work(tmp_path):
     assert result.returncode == 2 and "no checkpoint for ranks [2]" in result.output
     # rank 1's checkpoint from the other run: the ranks would resume apart (a job killed
     # while its ranks wrote their checkpoints leaves them so); refused on every rank
+    progress_before = (tmp_path / "two" / "progress.csv").read_text()
     shutil.copy(tmp_path / "half" / "checkpoints" / "rank0001.pt",
                 tmp_path / "two" / "checkpoints" / "rank0001.pt")
     result = run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "two")], timeout_s=60,
@@ -179,6 +180,14 @@ def test_resume_is_refused_where_it_cannot_work(tmp_path):
     assert result.returncode == 2, result.tail()
     assert "checkpoints are of different rollouts (rank 0: update 80 (rollout 80), " \
         "rank 1: update 40 (rollout 40))" in result.output, result.tail()
+    # rank 1's file cut short (a disk filled while it was written): every rank is told
+    ckpt = tmp_path / "two" / "checkpoints" / "rank0001.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    result = run_mpi(2, ["-m", "mpirl.run", "--resume", str(tmp_path / "two")], timeout_s=60,
+                     check=False)
+    assert result.returncode == 2 and "resume=" in result.output, result.tail()
+    assert ": rank 1: " in result.output, result.tail()
+    assert (tmp_path / "two" / "progress.csv").read_text() == progress_before
 
 
 # -- async / quorum --------------------------------------------------------------------------

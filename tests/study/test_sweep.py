@@ -291,14 +291,15 @@ def test_sync_checkpoints_of_different_updates_are_not_a_set(tiny_sweep, tmp_pat
     state = checkpoint.load(run_dir, 1)
     checkpoint.save(run_dir, 1, {**state, "update": update - 5})
     with pytest.raises(checkpoint.UnusableCheckpoints,
-                       match=rf"different updates \(rank 0: {update}, rank 1: {update - 5}\)"):
+                       match=rf"different updates \(rank 0: update {update}, rank 1: "
+                       rf"update {update - 5}\)"):
         checkpoint.check_set(run_dir, 2, same_update=True)
     assert checkpoint.check_set(run_dir, 2, same_update=False) == update
     # sync-replay's files record their rollout too: its warm-up rollouts all end at update 0
     for rank, rollouts in ((0, 150), (1, 180)):
         checkpoint.save(run_dir, rank, {**state, "update": 0, "rollouts": rollouts})
     with pytest.raises(checkpoint.UnusableCheckpoints, match=r"different updates \(rank 0: "
-                       r"0 \(rollout 150\), rank 1: 0 \(rollout 180\)\)"):
+                       r"update 0 \(rollout 150\), rank 1: update 0 \(rollout 180\)\)"):
         checkpoint.check_set(run_dir, 2, same_update=True)
 
 
