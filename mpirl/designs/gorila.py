@@ -178,7 +178,8 @@ class GorilaWorker:
             self.log.watch(ps, *self.memory.channels, waits=(ps,))
             self.log.begin(timer, self.phases)
             while alive:
-                guard.at(f"collecting rollout {self.rollouts + 1}")
+                # a rollout is progress too (a warm-up pushes nothing)
+                guard.beat(self.pushes, f"collecting rollout {self.rollouts + 1}")
                 self._collect(timer)
                 for _ in range(cfg.update_repeat):
                     losses = self._gradient(timer)

@@ -64,7 +64,9 @@ def run_sync_replay(cfg: Config, comm: MPI.Comm, run_dir: Path) -> Summary:
     with Guard(cfg, comm, comm.Get_rank()) as guard:
         part.log.begin()
         while part.budget_left():
-            guard.at(f"collecting rollout {part.rollouts + 1}")
+            # a rollout is progress too: warm-up rollouts have no update (a slow env's
+            # warm-up may outlast --watchdog-s)
+            guard.beat(part.update, f"collecting rollout {part.rollouts + 1}")
             rollout = actor.collect(part.policy, cfg.rollout_steps, part.timer)
             part.store(learner.transitions(rollout, actor.obs))
             for update in part.updates():               # none while replays warm up
