@@ -146,7 +146,9 @@ def test_bad_elastic_launches_are_one_line(cluster):
 
 # PACED, in the Slurm test: attempt 1 (2 ranks x 2 envs: at most 1000 env steps/s) still
 # runs when node1 is back: on CartPole a fast machine spent the budget's last 50k steps in
-# 12.5 s, before node1's slurmd had registered again
+# 12.5 s, before node1's slurmd had registered again.  Its budget, 40k env steps, leaves
+# attempt 1 about 32k (32 s at that pace; from node1's boot to the stop at a commit took
+# 7 s beside two busy processes); the rest, spent by attempt 2, is the test's longest part
 
 
 def job_nodes(job_id: str) -> str:
@@ -168,7 +170,7 @@ def test_a_slurm_job_goes_on_without_a_dead_node_and_takes_it_back(cluster, tmp_
     done = cli("login", "--", "sbatch", "-N", "3", "--ntasks-per-node=1",
                f"--output={tmp_path / 'out.txt'}", "experiments/slurm/elastic.sbatch",
                *PACED, "--num-envs", "2", "--rollout-steps", "32",
-               "--log-flush-every", "1", "--log-every", "5", "--total-steps", "60000", env=env)
+               "--log-flush-every", "1", "--log-every", "5", "--total-steps", "40000", env=env)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split()[-1]
     run = tmp_path / f"mpirl-elastic-{job_id}"
@@ -207,4 +209,4 @@ def test_a_slurm_job_goes_on_without_a_dead_node_and_takes_it_back(cluster, tmp_
     assert table.loc[2, "lost_updates"] == 0                # stopped at a commit
     assert table.loc[2, "from_update"] == table.loc[1, "last_update"]
     final = json.loads((run / "attempt2/summary.json").read_text())
-    assert 60000 - 3 * 64 < final["env_steps"] <= 60000
+    assert 40000 - 3 * 64 < final["env_steps"] <= 40000

@@ -1,4 +1,5 @@
-"""Every registered topology against MPI_Allreduce / MPI_Bcast under a real mpiexec.
+"""Every registered topology against MPI_Allreduce (and bcast against the root's data)
+under a real mpiexec.
 
 Parametrised over the registry and over rank counts that include non-powers of two;
 each launch has a time cap (tests/mpirun.py), so a deadlock fails instead of hanging.
