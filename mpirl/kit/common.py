@@ -272,21 +272,26 @@ def resume_in_step(comm: MPI.Comm, saved, run_dir, rollout_key: str) -> None:
     their collectives."""
     from ..resilience import checkpoint
 
-    state, at, error = None, (None, None), ""
+    path = checkpoint.path_for(run_dir, comm.Get_rank())
+    state, position, error = None, (None, None), ""
     try:
         state = checkpoint.load(run_dir, comm.Get_rank())
-        at = (state["update"], state[rollout_key])
-    except Exception as err:          # its first sentence: torch's go on for lines
-        first = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:160]
-        error = (f"{checkpoint.path_for(run_dir, comm.Get_rank()).name} cannot be read "
-                 f"({type(err).__name__}: {first})")
-    where = comm.allgather((*at, error))
+    except Exception as err:
+        error = checkpoint.unreadable(path, err)
+    else:
+        missing = [key for key in ("update", rollout_key)
+                   if not isinstance(state, dict) or key not in state]
+        if missing:
+            error = f"{path.name} records no {' and no '.join(missing)}"
+        else:
+            position = (state["update"], state[rollout_key])
+    where = comm.allgather((*position, error))
     _refuse_failed(run_dir, [e for *_, e in where])
-    at = checkpoint.apart([(u, n) for u, n, _ in where])
-    if at:
+    different = checkpoint.apart([(u, n) for u, n, _ in where])
+    if different:
         raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
-                              f"different rollouts ({at}): the job was killed while "
-                              "they were written; there is no state to resume from")
+                              f"different rollouts ({different}): the job was killed "
+                              "while they were written; there is no state to resume from")
     try:
         saved.load_state(state)
         error = ""

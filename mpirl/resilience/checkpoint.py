@@ -203,9 +203,7 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool,
         try:
             state = torch.load(path, weights_only=True)
         except Exception as err:          # truncated, garbage, or not torch's format
-            reason = (str(err).strip().splitlines() or [""])[0][:120]
-            raise UnusableCheckpoints(f"{path.name} cannot be read "
-                                      f"({type(err).__name__}: {reason})") from None
+            raise UnusableCheckpoints(unreadable(path, err)) from None
         recorded = state.get("world_size") if isinstance(state, dict) else None
         if recorded is None:
             raise UnusableCheckpoints(f"{path.name} records no world size")
@@ -218,6 +216,13 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool,
     if same_update and at:
         raise UnusableCheckpoints(f"the ranks' checkpoints are of different updates ({at})")
     return updates[0] if isinstance(updates[0], int) else None
+
+
+def unreadable(path: Path, err: BaseException) -> str:
+    """That ``path`` cannot be read, in one line: the error's type and its first sentence
+    (torch's messages go on for lines)."""
+    first = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:160]
+    return f"{path.name} cannot be read ({type(err).__name__}: {first})"
 
 
 def apart(positions: list[tuple]) -> str:

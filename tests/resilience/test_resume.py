@@ -153,6 +153,12 @@ def test_sigterm_stops_a_sync_replay_run_with_a_checkpoint_and_it_resumes(tmp_pa
                       check=False)
     assert refused.returncode == 2 and "checkpoints are of different rollouts" in \
         refused.output, refused.output[-2000:]
+    # rank 1's file of another format (no rollout count): said so, not "cannot be read"
+    checkpoint.save(run_dir, 1, {k: v for k, v in saved[1].items() if k != "rollouts"})
+    refused = run_mpi(2, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=120,
+                      check=False)
+    assert refused.returncode == 2 and "rank 1: rank0001.pt records no rollouts" in \
+        refused.output, refused.output[-2000:]
     checkpoint.save(run_dir, 1, saved[1])
     resumed = run_mpi(2, ["-m", "mpirl.run", "--resume", str(run_dir),
                           "--total-steps", str(steps + 1500)], timeout_s=240)
