@@ -164,12 +164,13 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         """``--resume``: write the fields given as flags on top of the run's
         ``config.yaml`` (:attr:`resumed_with`; the budget, above all: a later resume goes
         on to the new one) into it; ``resume`` and ``fail`` are never written (the file's
-        ``fail`` is the record of the failures injected before).  Returns the fields
-        changed as ``name old -> new``."""
+        ``fail`` is the record of the failures injected before), nor where the run lives
+        (``run_dir``, ``run_name``: a file given with ``--config`` names none).  Returns
+        the fields changed as ``name old -> new``."""
         saved = Config.from_yaml(path).to_dict()
         now = self.to_dict()
         changed = [k for k in self.resumed_with
-                   if k not in ("resume", "fail") and saved[k] != now[k]]
+                   if k not in ("resume", "fail", "run_dir", "run_name") and saved[k] != now[k]]
         if changed:
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(yaml.safe_dump({**saved, **{k: now[k] for k in changed}},

@@ -191,16 +191,21 @@ def test_a_design_starts_from_its_own_defaults_where_the_user_set_nothing(tmp_pa
 def test_resume_saves_only_the_flags_given_on_top_of_the_runs_own_config(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    Config.from_dict({"mode": "sync", "lr": 0.003, "total_steps": 6400,
-                      "fail": ["1@5"]}).save(run / "config.yaml")
+    Config.from_dict({"mode": "sync", "lr": 0.003, "total_steps": 6400, "fail": ["1@5"],
+                      "run_dir": str(tmp_path), "run_name": "run"}).save(run / "config.yaml")
     plain = parse_args(["--resume", str(run)])
     assert plain.resumed_with == ("resume",) and plain.save_resumed(run / "config.yaml") == []
     more = parse_args(["--resume", str(run), "--total-steps", "12800"])
     assert more.save_resumed(run / "config.yaml") == ["total_steps 6400 -> 12800"]
     saved = Config.from_yaml(run / "config.yaml")
     assert (saved.total_steps, saved.lr, saved.fail, saved.resume) == (12800, 0.003, ["1@5"], "")
-    other = tmp_path / "other.yaml"                      # a config of its own: not the run's
-    Config.from_dict({"mode": "sync", "total_steps": 99}).save(other)
-    mixed = parse_args(["--config", str(other), "--resume", str(run)])
-    assert mixed.resumed_with == () and mixed.save_resumed(run / "config.yaml") == []
-    assert Config.from_yaml(run / "config.yaml").total_steps == 12800
+    # the run built from a file of its own: every field that differs is saved (a later
+    # plain --resume goes on as this one did), the file's fail list never
+    other = tmp_path / "other.yaml"
+    Config.from_dict({"mode": "sync", "total_steps": 99, "fail": ["0@1"]}).save(other)
+    mixed = parse_args(["--config", str(other), "--resume", str(run), "--seed", "4"])
+    assert mixed.save_resumed(run / "config.yaml") == \
+        ["seed 1 -> 4", "total_steps 12800 -> 99", "lr 0.003 -> 0.001"]
+    saved = Config.from_yaml(run / "config.yaml")
+    assert (saved.total_steps, saved.lr, saved.seed, saved.fail) == (99, 0.001, 4, ["1@5"])
+    assert (saved.run_dir, saved.run_name) == (str(tmp_path), "run")    # where it lives
