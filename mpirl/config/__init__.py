@@ -22,11 +22,11 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..resilience.faults import FAIL_KINDS, NAN_POLICIES, ON_FAILURE, FaultSpecError, parse_faults
 from .cli import build_parser, parse_args
-from .config import CHECKS, Config
+from .config import CHECKS, NOT_RESUMED, Config
 from .design import LATE_POLICIES, MODES, parse_stragglers
 from .learner import ACTIVATIONS
 from .loading import config_differences, load_yaml
 
 __all__ = ["ACTIVATIONS", "CHECKS", "FAIL_KINDS", "LATE_POLICIES", "MODES", "NAN_POLICIES",
-           "ON_FAILURE", "Config", "ConfigError", "FaultSpecError", "build_parser",
+           "NOT_RESUMED", "ON_FAILURE", "Config", "ConfigError", "FaultSpecError", "build_parser",
            "config_differences", "load_yaml", "parse_args", "parse_faults", "parse_stragglers"]

@@ -121,7 +121,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
             given.add(f.name)
     if not args.resume or args.config:   # a run's saved configuration holds every field;
         cfg.take_design_defaults(given)  # --config FILE --resume builds the run from FILE
-    if args.resume:    # what the run goes on with is saved into its config.yaml: the flags
+    if cfg.resume:     # what the run goes on with is saved into its config.yaml: the flags
         # given on top of it, or, built from FILE, every field (Config.save_resumed)
         cfg.resumed_with = tuple(f.name for f in fields(Config)) if args.config \
             else tuple(sorted(given))

@@ -25,14 +25,21 @@ CHECKS = (check_design, check_actor_learner, check_replay, check_wiring, check_l
           check_telemetry, check_resilience, check_env, check_model, check_budget)
 
 
+#: fields a resume never takes from what it was given, nor writes into the run's
+#: config.yaml: where the run lives (set per launch) and the failures injected before (the
+#: file's list is their record; ``--resume`` drops them)
+NOT_RESUMED = ("run_dir", "run_name", "resume", "fail")
+
+
 @dataclass
 class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields, LearnerFields,
              EnvFields, DesignFields):
     """Everything that defines a run; identical on every rank.  Fields come in the order
     design, environment, learner, bookkeeping, faults (dataclass bases, last first)."""
 
-    #: not a field: the fields given as flags on top of a resumed run's own config.yaml
-    #: (set by :func:`mpirl.config.cli.parse_args`), which :meth:`save_resumed` saves
+    #: not a field: the fields a resumed run goes on with that :meth:`save_resumed` saves
+    #: (set by :func:`mpirl.config.cli.parse_args`): the flags given on top of the run's
+    #: own config.yaml or, with ``--config FILE``, every field
     resumed_with = ()
 
     # -- derived ---------------------------------------------------------------------------
@@ -161,16 +168,15 @@ class Config(ResilienceFields, TelemetryFields, ReplayFields, ActorLearnerFields
         path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     def save_resumed(self, path: Path) -> list[str]:
-        """``--resume``: write the fields given as flags on top of the run's
-        ``config.yaml`` (:attr:`resumed_with`; the budget, above all: a later resume goes
-        on to the new one) into it; ``resume`` and ``fail`` are never written (the file's
-        ``fail`` is the record of the failures injected before), nor where the run lives
-        (``run_dir``, ``run_name``: a file given with ``--config`` names none).  Returns
-        the fields changed as ``name old -> new``."""
+        """``--resume``: write the fields of :attr:`resumed_with` (the flags given on top
+        of the run's ``config.yaml``, or every field of a run built from ``--config
+        FILE``; the budget, above all: a later resume goes on to the new one) into it
+        where they differ, but never those of :data:`NOT_RESUMED`.  Returns the fields
+        changed as ``name old -> new``."""
         saved = Config.from_yaml(path).to_dict()
         now = self.to_dict()
         changed = [k for k in self.resumed_with
-                   if k not in ("resume", "fail", "run_dir", "run_name") and saved[k] != now[k]]
+                   if k not in NOT_RESUMED and saved[k] != now[k]]
         if changed:
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(yaml.safe_dump({**saved, **{k: now[k] for k in changed}},

@@ -155,7 +155,7 @@ class Server:
         self.resumed = generation is not None
         self.saved = TrainingState(self.book, policy, self.snaps, learner, self.progress)
         if self.resumed:
-            restore_generation(cfg, self.saved, run_dir, ps.rank, generation, ps.size)
+            restore_generation(cfg, self.saved, run_dir, ps.comm, generation)
         self.log = RunLogger(cfg, ps.comm, run_dir, role="server",
                              resume_rows={"updates": self.book.rows} if self.resumed else None)
         # the order of the pushes taken: recorded, or enforced (--replay-schedule)

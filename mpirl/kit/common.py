@@ -265,7 +265,8 @@ def resume_in_step(comm: MPI.Comm, saved, run_dir, rollout_key: str) -> None:
     """Every part of ``saved`` (a :class:`~mpirl.resilience.checkpoint.TrainingState`)
     from this rank's checkpoint, the ranks agreeing (collective, in two steps: nothing
     is put back, progress.csv not cut, until every rank's file is read and of one
-    rollout).  A rank's failure (its file unreadable, or a part refusing it) is told on
+    rollout).  A rank's failure (its file unreadable or recording no update or rollout,
+    or a part refusing it) is told on
     every rank, none waiting for a rank that left; ranks whose checkpoints are of
     different rollouts (``update`` and ``rollout_key``) are refused: a job killed while
     its ranks wrote them leaves them apart, and ranks apart would fall out of step in
@@ -286,7 +287,7 @@ def resume_in_step(comm: MPI.Comm, saved, run_dir, rollout_key: str) -> None:
         else:
             position = (state["update"], state[rollout_key])
     where = comm.allgather((*position, error))
-    _refuse_failed(run_dir, [e for *_, e in where])
+    refuse_failed(run_dir, [e for *_, e in where])
     different = checkpoint.apart([(u, n) for u, n, _ in where])
     if different:
         raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
@@ -296,11 +297,13 @@ def resume_in_step(comm: MPI.Comm, saved, run_dir, rollout_key: str) -> None:
         saved.load_state(state)
         error = ""
     except Exception as err:
-        error = f"{type(err).__name__}: {err}"
-    _refuse_failed(run_dir, comm.allgather(error))
+        error = f"{type(err).__name__}: {err}"     # a part's own refusal: one line
+    refuse_failed(run_dir, comm.allgather(error))
 
 
-def _refuse_failed(run_dir, errors: list[str]) -> None:
+def refuse_failed(run_dir, errors: list[str]) -> None:
+    """Refuse the resume of ``run_dir`` (one line, on every rank) when a rank's entry of
+    ``errors`` (gathered, one per rank; "" where all went well) says why."""
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         raise StartupMismatch(f"resume={str(run_dir)!r}: rank {failed[0][0]}: {failed[0][1]}")

@@ -30,7 +30,7 @@ from ..telemetry.progress import Progress
 from ..telemetry.runlog import RunLogger
 from ..telemetry.timing import PhaseTimer, add_phases
 from .book import Book
-from .common import Episodes, Summary, say_resumed
+from .common import Episodes, Summary, refuse_failed, say_resumed
 from .ledger import count_in_order
 
 #: the numbers a worker sends with every push (float64).
@@ -48,15 +48,22 @@ def push_meta_len(learner: Learner) -> int:
     return len(PUSH_META) + (0 if stats is None else stats.pack().size)
 
 
-def restore_generation(cfg: Config, saved: TrainingState, run_dir: Path, rank: int,
-                       generation: int, size: int) -> None:
-    """Put a rank's saved state of ``generation`` back, checking it is that generation's
-    file of a ``size``-rank run."""
-    state = saved.restore(run_dir, rank, generation)
-    if state["generation"] != generation or state["world_size"] != size:
-        raise RuntimeError(f"checkpoint {checkpoint.path_for(run_dir, rank, generation)} "
-                           f"is of generation {state['generation']} of a "
-                           f"{state['world_size']}-rank run")
+def restore_generation(cfg: Config, saved: TrainingState, run_dir: Path, comm,
+                       generation: int) -> None:
+    """Put each rank's saved state of ``generation`` back, checking it is that
+    generation's file of a run of this many ranks.  Collective: the ranks agree before
+    rank 0 saves the flags given into config.yaml (a rank's failure is told on every
+    rank, none waiting for one that left, and config.yaml is left as it was)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    path, error = checkpoint.path_for(run_dir, rank, generation), ""
+    try:
+        state = saved.restore(run_dir, rank, generation)
+        if state["generation"] != generation or state["world_size"] != size:
+            error = (f"{path.name} is of generation {state['generation']} of a "
+                     f"{state['world_size']}-rank run")
+    except Exception as err:
+        error = f"{path.name}: {checkpoint.one_line(err)}"
+    refuse_failed(run_dir, comm.allgather(error))
     if rank == 0:
         say_resumed(cfg, run_dir, f"from checkpoint generation {generation}")
 
@@ -81,7 +88,7 @@ class Worker:
         self.resumed = generation is not None
         self.saved = TrainingState(self, learner, actor, self.episodes)
         if self.resumed:
-            restore_generation(cfg, self.saved, run_dir, ps.rank, generation, ps.size)
+            restore_generation(cfg, self.saved, run_dir, ps.comm, generation)
         self.log = RunLogger(cfg, ps.comm, run_dir, role="worker",
                              resume_update=self.pushes if self.resumed else None)
 

@@ -218,11 +218,15 @@ def check_set(run_dir: Path, world_size: int, *, same_update: bool,
     return updates[0] if isinstance(updates[0], int) else None
 
 
+def one_line(err: BaseException) -> str:
+    """An error as its type and first sentence (torch's messages go on for lines)."""
+    first = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:300]
+    return f"{type(err).__name__}: {first}"
+
+
 def unreadable(path: Path, err: BaseException) -> str:
-    """That ``path`` cannot be read, in one line: the error's type and its first sentence
-    (torch's messages go on for lines)."""
-    first = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:160]
-    return f"{path.name} cannot be read ({type(err).__name__}: {first})"
+    """That ``path`` cannot be read, in one line."""
+    return f"{path.name} cannot be read ({one_line(err)})"
 
 
 def apart(positions: list[tuple]) -> str:

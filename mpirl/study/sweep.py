@@ -54,12 +54,12 @@ from pathlib import Path
 
 import yaml
 
-from ..config import Config, ConfigError, load_yaml
+from ..config import NOT_RESUMED, Config, ConfigError, load_yaml
 from ..launch import mpi_env, mpiexec_command
 
 #: fields in which a point and its run directory's config.yaml may differ and still be the
-#: same run: where it is written (set per launch) and injected failures (--resume drops them)
-RESUME_IGNORED = ("run_dir", "run_name", "resume", "fail")
+#: same run: those a resume never takes (where it is written, injected failures)
+RESUME_IGNORED = NOT_RESUMED
 TOP_KEYS = {"name", "description", "config", "grid", "timeout_s", "slurm"}
 SLURM_KEYS = {"time", "nodes", "partition", "launcher", "srun_mpi", "sbatch"}
 SLURM_LAUNCHERS = ("mpirun", "srun")

@@ -188,7 +188,7 @@ def test_a_design_starts_from_its_own_defaults_where_the_user_set_nothing(tmp_pa
         " ".join(build_parser().format_help().split())
 
 
-def test_resume_saves_only_the_flags_given_on_top_of_the_runs_own_config(tmp_path):
+def test_resume_saves_the_flags_given_on_top_or_what_a_config_file_changes(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     Config.from_dict({"mode": "sync", "lr": 0.003, "total_steps": 6400, "fail": ["1@5"],

@@ -11,8 +11,9 @@ third replayed, and both must leave the first call's bytes.
 Written in terms of rank and size only, so it passes at any rank count.  Sizes are drawn
 from SEED (the same on every rank), and each rank's data from SEED and its rank.  The
 topologies named are checked one after the other in one job (one launch per rank count
-for the whole registry).  Rank 0 prints one line per failed case and, per topology, a
-line ``NAME size=N seed=S cases=K failures=F``; the exit status is 1 when anything
+for the whole registry).  Each rank prints a line per case it found failed (rank 0 also
+those where the ranks' results differ) and rank 0, per topology, a line
+``NAME size=N seed=S cases=K failures=F``; the exit status is 1 when anything
 failed.  ``--mismatch`` passes a longer buffer on the last rank and
 expects a BufferMismatchError on some rank, which aborts the job with exit status 3.
 """
@@ -159,10 +160,12 @@ def run_cases(name: str, seed: int, large: bool) -> int:
         for i, ((label, _, _), (problems, d)) in enumerate(zip(checks, found, strict=True)):
             cases += 1
             flagged = any(v[i][0] for v in verdicts)
-            if d is not None and len({v[i][1] for v in verdicts}) > 1:
+            differ = [r for r, v in enumerate(verdicts) if v[i][1] != verdicts[0][i][1]]
+            if d is not None and differ:
                 flagged = True
                 if rank == 0:
-                    problems = [*problems, "result not byte-identical on all ranks"]
+                    problems = [*problems, f"result not byte-identical on all ranks (ranks "
+                                           f"{differ} differ from rank 0)"]
             if flagged:
                 failures += 1
                 if problems:

@@ -342,6 +342,16 @@ def test_sigterm_stops_a_parameter_server_run_with_a_snapshot_and_it_resumes(
         assert server["received"][r] == state["pushes"]
         with h5py.File(run_dir / f"rank{r:04d}.h5", "r") as f:
             assert f["updates"]["update"][-1] == state["pushes"]
+    if mode == "async":    # rank 2's file cut short: refused on every rank, config.yaml kept
+        ckpt, config = checkpoint.path_for(run_dir, 2, 1), (run_dir / "config.yaml")
+        whole, before = ckpt.read_bytes(), config.read_text()
+        ckpt.write_bytes(whole[:1000])
+        refused = run_mpi(3, ["-m", "mpirl.run", "--resume", str(run_dir), "--total-steps",
+                              "13000"], timeout_s=120, check=False)
+        assert refused.returncode == 2 and ": rank 2: rank0002.pt: " in refused.output, \
+            refused.tail()
+        assert config.read_text() == before
+        ckpt.write_bytes(whole)
     resumed = run_mpi(3, ["-m", "mpirl.run", "--resume", str(run_dir)], timeout_s=240)
     assert f"resumed {run_dir} from checkpoint generation 1" in resumed.output
     assert "resuming with" not in resumed.output          # no flag given: nothing changed
