@@ -43,8 +43,9 @@ from .base import CommStats, TopologyError
 from .paramserver import DeadlineExceeded, _testany, _wait_until
 
 TAG_REQUEST = 61
-#: longest sleep between polls of a wait: shorter than the parameter server's (1 ms),
-#: as SEED's actors wait once per env step (measured, seed at 4 ranks on 2 cores:
+#: longest sleep between polls of a wait: a parameter server's worker waits as finely for
+#: its reply (paramserver.REPLY_PAUSE_S; the server for pushes up to 1 ms), as SEED's
+#: actors wait once per env step (measured, seed at 4 ranks on 2 cores:
 #: 3.2-3.5k env steps/s with 0.1 ms, 2.1-2.8k with 1 ms, no better with 0.02 ms)
 PAUSE_S = 1e-4
 #: longest sleep between a progress thread's polls

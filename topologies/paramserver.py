@@ -102,7 +102,8 @@ class ParameterServer:
         flat = check_buffer(buf)
         status = MPI.Status()
         _wait_until(lambda: self.comm.Iprobe(self.root, MPI.ANY_TAG, status), timeout_s,
-                    f"worker {self.rank}: no reply from the parameter server", self.stats)
+                    f"worker {self.rank}: no reply from the parameter server", self.stats,
+                    REPLY_PAUSE_S)
         tag = status.Get_tag()
         if tag == TAG_STOP:
             self.comm.Recv([flat[:0], MPI_DTYPES[flat.dtype]], self.root, TAG_STOP)
@@ -215,6 +216,13 @@ class ParameterServer:
         req = self._send_reqs.pop(worker, None)
         if req is not None:
             req.Wait()
+
+
+#: longest sleep between a worker's polls for its reply, finer than a server's 1 ms: the
+#: reply follows one optimizer step.  Measured side by side, 3 runs each, on 2 cores
+#: (env steps/s, 1 ms -> 0.1 ms): gorila SAC on Pendulum at 2 ranks 135 -> 196; async
+#: CartPole at 4 ranks 10.9k -> 12.5k, at 8 ranks 11.3k -> 11.9k
+REPLY_PAUSE_S = 1e-4
 
 
 def _testany(requests: list[MPI.Request], status: MPI.Status):
