@@ -25,9 +25,10 @@ CHECKS = (check_design, check_actor_learner, check_replay, check_wiring, check_l
           check_telemetry, check_resilience, check_env, check_model, check_budget)
 
 
-#: fields a resume never takes from what it was given, nor writes into the run's
-#: config.yaml: where the run lives (set per launch) and the failures injected before (the
-#: file's list is their record; ``--resume`` drops them)
+#: fields never written into a resumed run's config.yaml, and not compared by a sweep
+#: deciding whether a run directory is its point's: where the run lives (set per launch)
+#: and the failures injected (the file's list is the record of the first start's;
+#: ``--resume`` drops it)
 NOT_RESUMED = ("run_dir", "run_name", "resume", "fail")
 
 

@@ -57,9 +57,6 @@ import yaml
 from ..config import NOT_RESUMED, Config, ConfigError, load_yaml
 from ..launch import mpi_env, mpiexec_command
 
-#: fields in which a point and its run directory's config.yaml may differ and still be the
-#: same run: those a resume never takes (where it is written, injected failures)
-RESUME_IGNORED = NOT_RESUMED
 TOP_KEYS = {"name", "description", "config", "grid", "timeout_s", "slurm"}
 SLURM_KEYS = {"time", "nodes", "partition", "launcher", "srun_mpi", "sbatch"}
 SLURM_LAUNCHERS = ("mpirun", "srun")
@@ -256,8 +253,8 @@ def resume_update(point: Point, run_dir: Path) -> int | None:
 
     cfg = parse_args(["--resume", str(run_dir)]).validate(point.ranks)
     differ = config_differences(
-        {k: v for k, v in cfg.to_dict().items() if k not in RESUME_IGNORED},
-        {k: v for k, v in point.config.items() if k not in RESUME_IGNORED})
+        {k: v for k, v in cfg.to_dict().items() if k not in NOT_RESUMED},
+        {k: v for k, v in point.config.items() if k not in NOT_RESUMED})
     if differ:
         raise ConfigError(f"its config.yaml differs from the point's ({', '.join(differ[:4])})")
     kind = cfg.design.checkpoints
