@@ -59,7 +59,9 @@ rate.  Per run, from summary.json and rank 0's log: env steps/s over the run's t
 wall time, learner updates/s, the actors' env share (the rest is waiting on their sends
 and on parameters), mean policy lag, and the learner's link MiB per update.  Writes
 ``training.md`` and ``training.json`` (``--mode apex``: ``training-apex.*``) under
-``--out`` (medians over trials; beside ``bench_delivery.py``'s ``results.md``).
+``--out`` (medians over trials; beside ``bench_delivery.py``'s ``results.md``).  The JSON
+records its ``mode`` and ``layout`` beside the runs by link rate; ``--rewrite`` refuses a
+JSON of another mode or layout than the flags name.
 """
 
 from __future__ import annotations
@@ -98,6 +100,11 @@ def layout(text: str) -> tuple[int, int, str]:
     from mpirl.cluster.launch import layout_or_exit
 
     return layout_or_exit(text, RANKS, "bench_delivery_training")
+
+
+def layout_text(nodes: int, per: int, order: str) -> str:
+    """A layout as ``--layout`` spells it: NODESxPER, ``:cyclic`` for round robin."""
+    return f"{nodes}x{per}" + (":cyclic" if order == "cyclic" else "")
 
 
 def stem(mode: str, text: str) -> str:
@@ -171,24 +178,33 @@ def main() -> int:
         ways = {w: ways[w] for w in chosen}
     table = out / f"{stem(args.mode, args.layout)}.json"
     if args.rewrite:
-        write(out, json.loads(table.read_text()), args)
+        results = json.loads(table.read_text())
+        recorded = (results.get("mode"), results.get("layout"))
+        if recorded != (args.mode, layout_text(nodes, per, order)):
+            parser.exit(2, f"bench_delivery_training: {table.name} holds mode "
+                           f"{recorded[0]}, layout {recorded[1]}: give --mode {recorded[0]} "
+                           f"--layout {recorded[1]}\n")
+        write(out, results, args)
         return 0
     from mpirl.cluster.trials import alternate
 
     runs = out / "training-runs"
     out.mkdir(parents=True, exist_ok=True)
-    results = alternate((NAME, nodes, SUBNET), RATES, ways, args.trials, runs,
-                        lambda runs, name: run_args(args.mode, args.cost_ms, args.unrolls,
-                                                    runs, name),
-                        lambda run: measure(run, actors), per_node=per, order=order)
+    results = {"mode": args.mode, "layout": layout_text(nodes, per, order)}
+    results |= alternate((NAME, nodes, SUBNET), RATES, ways, args.trials, runs,
+                         lambda runs, name: run_args(args.mode, args.cost_ms, args.unrolls,
+                                                     runs, name),
+                         lambda run: measure(run, actors), per_node=per, order=order)
     table.write_text(json.dumps(results, indent=1))
     write(out, results, args)
     shutil.rmtree(runs, ignore_errors=True)       # the table's numbers are in training.json
     return 0
 
 
-def write(out: Path, results: dict, args) -> None:
+def write(out: Path, table: dict, args) -> None:
     import numpy as np
+
+    results = {rate: table[rate] for rate in RATES if rate in table}
 
     base = next(iter(results[RATES[0]]))          # push, unless --ways chose otherwise
     first = results[RATES[0]][base][0]

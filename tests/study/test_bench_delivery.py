@@ -98,6 +98,22 @@ def test_training_tables_rewrite_byte_for_byte_from_their_json(tmp_path, mode, t
     assert (tmp_path / f"{table}.md").read_text() == (figures / f"{table}.md").read_text()
 
 
+def test_a_training_json_of_another_layout_is_refused(tmp_path):
+    """A table's JSON records its mode and layout; --rewrite under other flags (here a
+    4 x 2 blocks JSON copied under the cyclic table's name) says what it holds."""
+    figures = ROOT / "docs" / "figures" / "delivery"
+    (tmp_path / "training-4x2-cyclic.json").write_bytes(
+        (figures / "training-4x2.json").read_bytes())
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" /
+                                               "bench_delivery_training.py"),
+                           "--rewrite", "--out", str(tmp_path), "--layout", "4x2:cyclic"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == ("bench_delivery_training: training-4x2-cyclic.json holds "
+                                   "mode impala, layout 4x2: give --mode impala --layout 4x2")
+    assert not (tmp_path / "training-4x2-cyclic.md").exists()
+
+
 def test_a_bad_training_layout_is_one_line_and_exit_2(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "experiments" /
                                                "bench_delivery_training.py"),
