@@ -231,7 +231,7 @@ def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
         watch = NodeWatch(spec, hosts)
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _ignore_endings()
+        _ignore_endings()                       # a SIGTERM now must not cut the message
         print(f"mpirl.cluster: job still running after {timeout_s:g} s: killing it on every "
               "node", file=sys.stderr, flush=True)
         _kill_job(spec, proc)
@@ -242,8 +242,7 @@ def run(spec: Cluster, nranks: int, per_node: int | None, command: list[str], *,
         _kill_job(spec, proc)
         code = 128 + ended.signum
     except KeyboardInterrupt:
-        _ignore_endings()
-        _kill_job(spec, proc)
+        _kill_job(spec, proc)                   # which ignores further endings first
         raise
     finally:
         for sig, handler in before.items():
