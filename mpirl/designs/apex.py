@@ -205,8 +205,7 @@ class ApexLearner:
         self.samplers = {s: SampleClient(comm, s, layout, cfg.wait_timeout_s)
                          for s in self.shards}
         self.params = ParamService(comm, actors, REQUEST_META, learner.params.size,
-                                   pushes=delivery.pushes,
-                                   progress=reply_way == "thread")
+                                   pushes=delivery.pushes, progress=reply_way == "thread")
         self.version = 0
         # judged on the greediest actor (epsilon ~ 0): the others explore by design
         self.book = Book(cfg, judges=1)
@@ -231,7 +230,7 @@ class ApexLearner:
             while not self.stopping:
                 guard.at(f"waiting for a batch for update {self.version + 1}")
                 self.signalled = guard.stop_requested
-                shard = self._next_batch(timer)
+                shard = self._next_batch(timer, guard)
                 if shard is None:
                     break
                 self._train(shard, timer)
@@ -241,11 +240,11 @@ class ApexLearner:
         self.progress.close()
         self.schedule.save()
 
-    def _next_batch(self, timer) -> int | None:
-        """The next replay whose batch has arrived (answering actors while waiting);
-        None once the run is to stop."""
+    def _next_batch(self, timer, guard) -> int | None:
+        """The next replay whose batch has arrived, answering actors while waiting (each
+        answer a watchdog beat: the replays' warm-up has no update); None at the end."""
         if self.schedule.replaying:
-            return self._replayed_batch(timer)
+            return self._replayed_batch(timer, guard)
         deadline, pause = time.monotonic() + self.cfg.wait_timeout_s, 0.0
         with timer("data_wait_s"):
             while not self.stopping:
@@ -257,6 +256,7 @@ class ApexLearner:
                         return shard
                 if served:
                     deadline, pause = time.monotonic() + self.cfg.wait_timeout_s, 0.0
+                    guard.beat(self.version, "answering actors while waiting for a batch")
                 elif time.monotonic() > deadline:
                     raise DeadlineExceeded(f"learner: no batch from replay ranks {self.shards}"
                                            f" and no request from an actor within "
@@ -265,7 +265,7 @@ class ApexLearner:
                 pause = min(PAUSE_S, pause * 2 or 1e-5)
         return None
 
-    def _replayed_batch(self, timer) -> int | None:
+    def _replayed_batch(self, timer, guard) -> int | None:
         """The recorded run's next batch, taking the actors' requests it took before it."""
         while not self.stopping:
             event = self.schedule.upcoming()
@@ -279,6 +279,7 @@ class ApexLearner:
                     return who
                 self.params.channel.wait_any(timeout_s=self.cfg.wait_timeout_s, only=(who,))
             self._take_request(who, timer)
+            guard.beat(self.version, "answering actors while waiting for a batch")
         return None
 
     def _train(self, shard: int, timer) -> None:
@@ -364,7 +365,6 @@ class ApexLearner:
 
     def fill(self, summary: Summary) -> None:
         summary.updates, summary.reply_progress = self.version, self.reply_way
-        summary.wall_s = self.progress.elapsed()
-        summary.phase_s = dict(self.phases)
+        summary.wall_s, summary.phase_s = self.progress.elapsed(), dict(self.phases)
         summary.reached_target = self.book.solved
         summary.param_digest = self.learner.param_digest()
