@@ -51,18 +51,26 @@ def push_meta_len(learner: Learner) -> int:
 def restore_generation(cfg: Config, saved: TrainingState, run_dir: Path, comm,
                        generation: int) -> None:
     """Put each rank's saved state of ``generation`` back, checking it is that
-    generation's file of a run of this many ranks.  Collective: the ranks agree before
+    generation's file of a run of this many ranks (nothing is put back from a file that
+    is not; a part's own refusal is told whole, as :func:`~.common.resume_in_step`
+    tells it).  Collective: the ranks agree before
     rank 0 saves the flags given into config.yaml (a rank's failure is told on every
     rank, none waiting for one that left, and config.yaml is left as it was)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     path, error = checkpoint.path_for(run_dir, rank, generation), ""
     try:
-        state = saved.restore(run_dir, rank, generation)
-        if state["generation"] != generation or state["world_size"] != size:
-            error = (f"{path.name} is of generation {state['generation']} of a "
-                     f"{state['world_size']}-rank run")
+        state = checkpoint.load(run_dir, rank, generation)
     except Exception as err:
-        error = f"{path.name}: {checkpoint.one_line(err)}"
+        error = checkpoint.unreadable(path, err)
+    else:
+        recorded = (state.get("generation"), state.get("world_size"))
+        if recorded != (generation, size):
+            error = f"{path.name} is of generation {recorded[0]} of a {recorded[1]}-rank run"
+        else:
+            try:
+                saved.load_state(state)
+            except Exception as err:
+                error = f"{type(err).__name__}: {err}"   # a part's own refusal: one line
     refuse_failed(run_dir, comm.allgather(error))
     if rank == 0:
         say_resumed(cfg, run_dir, f"from checkpoint generation {generation}")
