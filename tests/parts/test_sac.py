@@ -115,13 +115,13 @@ def test_temperature_falls_when_the_policy_is_more_random_than_its_target():
 
 
 @pytest.mark.timeout(240)
-def test_sac_learns_pendulum_in_six_thousand_steps():
+def test_sac_learns_pendulum_in_4400_steps():
     torch.set_num_threads(1)
     env = gymnasium.make("Pendulum-v1")
     learner = SacLearner(config(hidden=[64, 64], tau=0.005, init_alpha=1.0), env.observation_space,
                          env.action_space)
     policy = learner.actor_policy(0, 1, torch.Generator().manual_seed(0))
-    rng, size = np.random.default_rng(0), 6000
+    rng, size = np.random.default_rng(0), 4400
     store = {k: np.zeros((size, *shape), np.float32)
              for k, shape in (("obs", (3,)), ("action", (1,)), ("ret", ()), ("disc", ()),
                               ("next_obs", (3,)))}
@@ -143,6 +143,8 @@ def test_sac_learns_pendulum_in_six_thousand_steps():
             learner.gradient({k: torch.from_numpy(v[pick]) for k, v in store.items()}, NoTimer())
             learner.apply(NoTimer())
             learner.update_target(t)
-    # random play scores about -1200; SB3's SAC is near -150 by 10k steps
+    # random play scores about -1200; SB3's SAC is near -150 by 10k steps.  Measured
+    # here: the last 5 episodes' mean crosses -500 at 3600 steps and is -89 at 4400
+    # (-123 at 6000, the former length)
     assert np.mean(returns[-5:]) > -500, returns[-10:]
     assert math.isfinite(learner.model.log_alpha.item())
