@@ -61,7 +61,8 @@ and on parameters), mean policy lag, and the learner's link MiB per update.  Wri
 ``training.md`` and ``training.json`` (``--mode apex``: ``training-apex.*``) under
 ``--out`` (medians over trials; beside ``bench_delivery.py``'s ``results.md``).  The JSON
 records its ``mode`` and ``layout`` beside the runs by link rate; ``--rewrite`` refuses a
-JSON of another mode or layout than the flags name.
+JSON of another mode or layout than the flags name (one written before it records neither
+and is taken as the flags say).
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ def main() -> int:
     if args.rewrite:
         results = json.loads(table.read_text())
         recorded = (results.get("mode"), results.get("layout"))
-        if recorded != (args.mode, layout_text(nodes, per, order)):
+        if recorded != (None, None) and recorded != (args.mode, layout_text(nodes, per, order)):
             parser.exit(2, f"bench_delivery_training: {table.name} holds mode "
                            f"{recorded[0]}, layout {recorded[1]}: give --mode {recorded[0]} "
                            f"--layout {recorded[1]}\n")

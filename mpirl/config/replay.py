@@ -81,8 +81,28 @@ def check_replay(cfg, world_size: int) -> None:
                 f"{cfg.replay_capacity // shards} each, less than replay_batch="
                 f"{cfg.replay_batch}; allowed: replay_capacity >= "
                 f"{shards * cfg.replay_batch}")
+        _check_warm_up(cfg, design.serving(cfg), world_size)
         _check_replay_learner(cfg)
     _check_servers(cfg, world_size)
+
+
+def _check_warm_up(cfg, serving: tuple[str, ...], world_size: int) -> None:
+    """Every replay must be able to hold its share of ``--learning-starts`` (a replay rank
+    answers no sample request before it holds ceil(learning_starts / R); a worker's own
+    replay trains on nothing before it holds learning_starts // workers): one that
+    cannot would wait to the end of the run."""
+    ranks, starts = serving.count("replay"), cfg.learning_starts
+    if ranks:
+        what, count, held = "replay rank", ranks, cfg.replay_capacity // ranks
+        need, most = -(-starts // ranks), ranks * held
+    else:
+        count = max(1, world_size - len(serving))
+        what, held, need = "worker's replay", cfg.replay_capacity, starts // count
+        most = count * (held + 1) - 1
+    if need > held:
+        raise ConfigError(f"learning_starts={starts} over {count} {what}(s) is {need} each, "
+                          f"more than the {held} each holds (replay_capacity="
+                          f"{cfg.replay_capacity}); allowed: learning_starts <= {most}")
 
 
 #: each replay learner's own options and their defaults: given to the other learner,

@@ -19,7 +19,8 @@ class ResilienceFields:
         "a rank silent for longer stops the run with an error", default=300.0)
     watchdog_s: float = doc(
         "end the whole job when a rank completes no update (nor, in the replay designs' "
-        "workers, a rollout) for this many seconds (a rank "
+        "workers, a rollout; nor, at apex's learner, an actor's request answered) for this "
+        "many seconds (a rank "
         "died, hangs or stalls; blocking collectives have no deadline of their own); "
         "0 disables", default=600.0)
     nan_policy: str = doc(

@@ -256,7 +256,7 @@ class ApexLearner:
                         return shard
                 if served:
                     deadline, pause = time.monotonic() + self.cfg.wait_timeout_s, 0.0
-                    guard.beat(self.version, "answering actors while waiting for a batch")
+                    guard.beat(self.version, f"waiting for a batch for update {self.version + 1}")
                 elif time.monotonic() > deadline:
                     raise DeadlineExceeded(f"learner: no batch from replay ranks {self.shards}"
                                            f" and no request from an actor within "
@@ -279,7 +279,7 @@ class ApexLearner:
                     return who
                 self.params.channel.wait_any(timeout_s=self.cfg.wait_timeout_s, only=(who,))
             self._take_request(who, timer)
-            guard.beat(self.version, "answering actors while waiting for a batch")
+            guard.beat(self.version, f"waiting for a batch for update {self.version + 1}")
         return None
 
     def _train(self, shard: int, timer) -> None:

@@ -63,8 +63,11 @@ def restore_generation(cfg: Config, saved: TrainingState, run_dir: Path, comm,
     except Exception as err:
         error = checkpoint.unreadable(path, err)
     else:
-        recorded = (state.get("generation"), state.get("world_size"))
-        if recorded != (generation, size):
+        recorded = ((state.get("generation"), state.get("world_size"))
+                    if isinstance(state, dict) else None)
+        if recorded is None:
+            error = f"{path.name} holds no checkpoint (a {type(state).__name__})"
+        elif recorded != (generation, size):
             error = f"{path.name} is of generation {recorded[0]} of a {recorded[1]}-rank run"
         else:
             try:

@@ -90,6 +90,31 @@ def test_hierarchical_options_make_the_topology_spec():
         "auto:fit/params.json"
 
 
+def test_a_replay_rank_must_be_able_to_hold_its_warm_up():
+    """apex's replay ranks (gorila's with service replay) answer no sample request before
+    they hold ceil(learning_starts / R) transitions: one that cannot would never answer."""
+    apex = dict(mode="apex", replay_ranks=2, replay_capacity=1201)
+    with pytest.raises(ConfigError, match=r"^learning_starts=1201 over 2 replay rank\(s\) "
+                       r"is 601 each, more than the 600 each holds \(replay_capacity=1201\); "
+                       r"allowed: learning_starts <= 1200$"):
+        Config(**apex, learning_starts=1201).validate(world_size=5)
+    Config(**apex, learning_starts=1200).validate(world_size=5)
+    with pytest.raises(ConfigError, match="learning_starts=90 over 1 replay rank"):
+        Config(mode="gorila", gorila_replay="service", replay_capacity=80, replay_batch=32,
+               learning_starts=90).validate(world_size=3)
+    # each worker's own replay (gorila local, sync-replay) warms on learning_starts // workers
+    local = dict(mode="sync-replay", replay_capacity=80, replay_batch=32, learning_starts=161)
+    with pytest.raises(ConfigError) as refused:
+        Config(**local).validate(world_size=1)
+    assert str(refused.value) == ("learning_starts=161 over 1 worker's replay(s) is 161 each, "
+                                  "more than the 80 each holds (replay_capacity=80); allowed: "
+                                  "learning_starts <= 80")
+    Config(**local).validate(world_size=2)             # 80 each
+    with pytest.raises(ConfigError, match="over 1 worker's replay"):
+        Config(**{**local, "mode": "gorila"}).validate(world_size=2)   # a server, a worker
+    Config(**{**local, "mode": "gorila"}).validate(world_size=3)
+
+
 def test_server_modes_need_a_worker_and_the_star():
     with pytest.raises(ConfigError, match="needs at least 2 ranks"):
         Config(mode="async", topology="star").validate(world_size=1)
