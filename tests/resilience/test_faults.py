@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import SHORT
+from conftest import SHORT, train_many
 from mpirl.config import FaultSpecError, parse_faults
 from mpirun import run_mpi
 
@@ -55,16 +55,27 @@ def test_a_hanging_rank_is_caught_by_the_watchdog(tmp_path):
 
 
 def test_a_warm_up_longer_than_the_watchdog_is_progress(tmp_path):
-    """sync-replay's warm-up (3 ms an env step, about 4.5 s before the first update) beats
-    the watchdog rollout by rollout: a slow env's warm-up is no stall (L2Run's outlasted
-    the default 600 s on a loaded machine, and the job was ended)."""
-    result, _ = run(tmp_path, 2, "--mode", "sync-replay", "--env", "Delay-v0", "--env-arg",
-                    "cost_s=0.003", "--num-envs", "1", "--rollout-steps", "1",
-                    "--learning-starts", "3000", "--total-steps", "3200", "--update-repeat",
-                    "1", "--watchdog-s", "2", check=True)
-    assert "made no progress" not in result.output
-    # from the 1500th rollout of each rank on, an update a rollout
-    assert json.loads((tmp_path / "r" / "summary.json").read_text())["updates"] == 101
+    """A replay's warm-up has no update, and on a slow env it can outlast the watchdog
+    (L2Run's outlasted the default 600 s on a loaded machine, and the job was ended).
+    Both runs in one launch of 3 ranks:
+
+    * sync-replay's ranks beat rollout by rollout (8 env steps of 3 ms; 188 of them, 4.5 s
+      at least, before the first update; a 2 s watchdog);
+    * apex's learner beats at each parameter request of its actor it answers (one actor
+      at 2 ms a step, 1600 transitions: 3.2 s at least; a 2.5 s watchdog, which ended
+      the job before: "rank 0 made no progress")."""
+    runs = train_many(tmp_path, 3, {
+        "sync-replay": ["--mode", "sync-replay", "--env", "Delay-v0", "--env-arg",
+                        "cost_s=0.003", "--num-envs", "1", "--rollout-steps", "8",
+                        "--learning-starts", "4500", "--total-steps", "4800",
+                        "--update-repeat", "1", "--watchdog-s", "2"],
+        "apex": ["--mode", "apex", "--env", "Delay-v0", "--env-arg", "cost_s=0.002",
+                 "--learning-starts", "1600", "--replay-batch", "32", "--actor-refresh-steps",
+                 "64", "--total-steps", "2000", "--watchdog-s", "2.5"]})
+    # sync-replay: each rank warm from its 188th rollout (1504 of its 1500 stored) to its
+    # 200th, an update a rollout
+    assert runs["sync-replay"]["updates"] == 13
+    assert runs["apex"]["updates"] > 0 and runs["apex"]["env_steps"] >= 2000
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
