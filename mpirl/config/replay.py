@@ -93,14 +93,14 @@ def _check_warm_up(cfg, serving: tuple[str, ...], world_size: int) -> None:
     cannot would wait to the end of the run."""
     ranks, starts = serving.count("replay"), cfg.learning_starts
     if ranks:
-        what, count, held = "replay rank", ranks, cfg.replay_capacity // ranks
+        what, count, held = "replay rank(s)", ranks, cfg.replay_capacity // ranks
         need, most = -(-starts // ranks), ranks * held
     else:
         count = max(1, world_size - len(serving))
-        what, held, need = "worker's replay", cfg.replay_capacity, starts // count
+        what, held, need = "worker replay(s)", cfg.replay_capacity, starts // count
         most = count * (held + 1) - 1
     if need > held:
-        raise ConfigError(f"learning_starts={starts} over {count} {what}(s) is {need} each, "
+        raise ConfigError(f"learning_starts={starts} over {count} {what} is {need} each, "
                           f"more than the {held} each holds (replay_capacity="
                           f"{cfg.replay_capacity}); allowed: learning_starts <= {most}")
 

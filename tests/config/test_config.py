@@ -106,11 +106,11 @@ def test_a_replay_rank_must_be_able_to_hold_its_warm_up():
     local = dict(mode="sync-replay", replay_capacity=80, replay_batch=32, learning_starts=161)
     with pytest.raises(ConfigError) as refused:
         Config(**local).validate(world_size=1)
-    assert str(refused.value) == ("learning_starts=161 over 1 worker's replay(s) is 161 each, "
+    assert str(refused.value) == ("learning_starts=161 over 1 worker replay(s) is 161 each, "
                                   "more than the 80 each holds (replay_capacity=80); allowed: "
                                   "learning_starts <= 80")
     Config(**local).validate(world_size=2)             # 80 each
-    with pytest.raises(ConfigError, match="over 1 worker's replay"):
+    with pytest.raises(ConfigError, match="over 1 worker replay"):
         Config(**{**local, "mode": "gorila"}).validate(world_size=2)   # a server, a worker
     Config(**{**local, "mode": "gorila"}).validate(world_size=3)
 
