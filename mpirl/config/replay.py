@@ -26,8 +26,9 @@ class ReplayFields:
                                   "0 = constant", default=0)
     replay_eps: float = doc("prioritized replay: epsilon added to |TD error|", default=1e-6)
     replay_batch: int = doc("apex/gorila: transitions per learner update", default=256)
-    learning_starts: int = doc("apex/gorila: transitions stored (over all shards) before "
-                                "learning starts", default=1000)
+    learning_starts: int = doc("apex/gorila/sync-replay: transitions stored (over all "
+                                "replays) before learning starts; each replay's share must "
+                                "fit what it holds", default=1000)
     train_intensity: float = doc(
         "apex: the most transitions sampled per transition inserted, per shard (RLlib's "
         "training_intensity); the shard holds the learner's request until it may sample; "
