@@ -87,18 +87,28 @@ def check_replay(cfg, world_size: int) -> None:
     _check_servers(cfg, world_size)
 
 
+def rank_warm_up(cfg, ranks: int) -> int:
+    """Transitions each of ``ranks`` replay ranks stores before it answers a sample
+    request: its share of ``--learning-starts`` (rounded up), at least a batch."""
+    return max(cfg.replay_batch, -(-cfg.learning_starts // ranks))
+
+
+def local_warm_up(cfg, workers: int) -> int:
+    """Transitions a worker's own replay (one of ``workers``) stores before it is
+    sampled: its share of ``--learning-starts`` (rounded down), at least a batch."""
+    return max(cfg.replay_batch, cfg.learning_starts // workers)
+
+
 def _check_warm_up(cfg, serving: tuple[str, ...], world_size: int) -> None:
-    """Every replay must be able to hold its share of ``--learning-starts`` (a replay rank
-    answers no sample request before it holds ceil(learning_starts / R); a worker's own
-    replay trains on nothing before it holds learning_starts // workers): one that
-    cannot would wait to the end of the run."""
+    """Every replay must be able to hold its warm-up (:func:`rank_warm_up`,
+    :func:`local_warm_up`): one that cannot would wait to the end of the run."""
     ranks, starts = serving.count("replay"), cfg.learning_starts
     if ranks:
         what, count, held = "replay rank(s)", ranks, cfg.replay_capacity // ranks
-        need, most = -(-starts // ranks), ranks * held
+        need, most = rank_warm_up(cfg, ranks), ranks * held
     else:
         count = max(1, world_size - len(serving))
-        what, held, need = "worker replay(s)", cfg.replay_capacity, starts // count
+        what, held, need = "worker replay(s)", cfg.replay_capacity, local_warm_up(cfg, count)
         most = count * (held + 1) - 1
     if need > held:
         raise ConfigError(f"learning_starts={starts} over {count} {what} is {need} each, "

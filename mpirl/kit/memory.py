@@ -10,6 +10,7 @@ import json
 import numpy as np
 
 from ..config import Config
+from ..config.replay import local_warm_up
 from ..parts.replay import PrioritizedReplay
 from ..parts.transitions import TransitionLayout, as_batch, fill
 from ..resilience.checkpoint import as_arrays, as_tensors
@@ -26,7 +27,7 @@ class LocalMemory:
         self.block = np.zeros(layout.block_size, dtype=layout.transition)
         self.sample = np.zeros(cfg.replay_batch, dtype=layout.transition)
         self.rng = np.random.default_rng(cfg.seed + 10000 * rank)
-        self.warmup = max(cfg.replay_batch, cfg.learning_starts // workers)
+        self.warmup = local_warm_up(cfg, workers)
         self.slots: tuple = ()
         self.sent = self.prio_sent = 0
         self.channels: tuple = ()         # no traffic: the memory is in this process

@@ -30,7 +30,6 @@ channel on a communicator of its own (``samples_comm``, a duplicate).
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -40,6 +39,7 @@ from topologies.channels import PAUSE_S, ChannelClient, ChannelServer
 from topologies.paramserver import DeadlineExceeded
 
 from ..config import Config
+from ..config.replay import rank_warm_up
 from ..parts.replay import PrioritizedReplay
 from ..parts.transitions import BLOCK_META, SAMPLE_META, TransitionLayout, fill
 from ..resilience.guard import Guard
@@ -54,7 +54,7 @@ TAG_SAMPLE = 66      # sampler -> replay requests (actors' blocks use the channe
 
 def replay_warmup(cfg: Config) -> int:
     """Transitions a replay rank stores before it answers a sample request."""
-    return max(cfg.replay_batch, math.ceil(cfg.learning_starts / cfg.replay_ranks))
+    return rank_warm_up(cfg, cfg.replay_ranks)
 
 
 class BlockSender:
