@@ -12,6 +12,8 @@ FIGS   ?= figures
 RUNS   ?= runs/sweeps/topologies
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mpirl-installed
+# the small-message path's C replay, built into the venv (topologies/build_replay.py)
+REPLAY := $(VENV)/.mpirl-replay-built
 # A second environment with Open MPI 5 (PyPI) instead of MPICH, for surviving failures
 # (ULFM); MPICH stays the default everywhere else.
 ULFM_VENV  ?= .venv-ulfm
@@ -23,12 +25,16 @@ ULFM_EXEC   = $(ULFM_VENV)/bin/mpiexec $(if $(filter 0,$(shell id -u)),--allow-r
 .PHONY: install ulfm-env run run-ulfm test bench soak sweep plot clean cluster-up cluster-down \
 	cluster-status
 
-install: $(STAMP)
+install: $(STAMP) $(REPLAY)
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,osim,mujoco,tensorboard]'
+	touch $@
+
+$(REPLAY): $(STAMP) topologies/_replay.c topologies/build_replay.py
+	$(BIN)/python -m topologies.build_replay
 	touch $@
 
 $(ULFM_STAMP): setup.py

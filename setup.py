@@ -32,6 +32,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["mpirl", "mpirl.*", "topologies", "topologies.*",
                                     "analysis", "analysis.*"]),
+    # the small-message path's C replay, built into the venv by topologies.build_replay
+    package_data={"topologies": ["_replay.c"]},
     install_requires=[
         "mpi4py>=4.0",
         *MPI_FROM_PYPI,

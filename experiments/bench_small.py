@@ -3,10 +3,11 @@
     python experiments/bench_small.py                # ~10 min on 2 cores
 
 1. **Microbenchmark.**  ``mpirl.bench --blocking`` at 2, 3 and 4 ranks, 1 KiB to 64 KiB:
-   every home-made topology with its small-message path (persistent requests replayed)
-   and without it (``NAME/blocking``), beside MPICH forced to the same algorithm, all
-   side by side within each size (best of ``--rounds``).  The table gives each one's
-   time over MPICH's same algorithm.
+   every home-made topology with its small-message path (persistent requests replayed in
+   C, the default where built), with the path replayed in Python (``NAME/python``) and
+   without it (``NAME/blocking``), beside MPICH forced to the same algorithm, all side
+   by side within each size (best of ``--rounds``).  The table gives each one's time
+   over MPICH's same algorithm.
 2. **In situ.**  Sync A2C on CartPole at 2 ranks, for each topology and two network
    sizes, with the path on and off (``MPIRL_SMALL_PATH_BYTES=0``), the pairs run
    alternately.  An update's exchange as the log has it: ``transfer_s`` is
@@ -59,8 +60,8 @@ def bench(nranks: int, sizes: list[str], out: Path, rounds: int, iters: int) -> 
 
 
 def ratios(path: Path) -> list[str]:
-    """One markdown row per size: each topology with and without the path over MPICH's
-    same algorithm."""
+    """One markdown row per size: each topology with the path (replayed in C, then in
+    Python where the C replay is built) and without it over MPICH's same algorithm."""
     from mpirl.study.bench import SAME_ALGORITHM
     from mpirl.telemetry.read import load_bench
 
@@ -70,7 +71,9 @@ def ratios(path: Path) -> list[str]:
         cells = []
         for name in TOPOLOGIES:
             ref = row[f"native:{SAME_ALGORITHM['allreduce'][name]}"]
-            cells.append(f"{row[name] / ref:.2f} ({row[f'{name}/blocking'] / ref:.2f})")
+            python = (f" / {row[f'{name}/python'] / ref:.2f}" if f"{name}/python" in row
+                      else "")
+            cells.append(f"{row[name] / ref:.2f}{python} ({row[f'{name}/blocking'] / ref:.2f})")
         rows.append(f"| {int(size) >> 10} KiB | " + " | ".join(cells) + " |")
     return rows
 
@@ -165,7 +168,8 @@ def main() -> int:
     text = ["# The small-message path (experiments/bench_small.py)", "",
             f"`mpirl.bench --blocking`, best of {args.rounds} rounds, all side by side within "
             "each size. Each cell: time over MPICH forced to the same algorithm, with the "
-            "path (persistent requests) and, in brackets, without it.", ""]
+            "path (persistent requests) replayed in C / replayed in Python and, in brackets, "
+            "without it.", ""]
     for nranks in args.ranks:
         path = out / f"micro-{nranks}r.h5"
         bench(nranks, SIZES, path, args.rounds, args.iters)

@@ -1,11 +1,11 @@
-"""What a replayed small allreduce is made of: the Python floor under the small-message path.
+"""What a replayed small allreduce is made of: the floor under the small-message path.
 
     mpiexec -n 2 python experiments/bench_small_floor.py     # ~1 min on 2 cores
 
-``experiments/bench_small.py`` finds ring at 1.68x and butterfly at 1.23x MPICH's same
-algorithm at 1 KiB and 2 ranks, with the path on (issue target: 1.2x).  This script
-times, side by side in one run at 2 ranks and 1 KiB (256 float32), each piece a replay
-is built of, so that the gap can be read as a sum:
+``experiments/bench_small.py`` compares whole calls with MPICH's same algorithm (issue
+target: 1.2x at 1 KiB and 2 ranks).  This script times, side by side in one run at 2
+ranks and 1 KiB (256 float32), calls back to back with no barrier between them, each
+piece a replay is built of, so that the gap can be read as a sum:
 
 * one replay step: ``Prequest.Startall`` + ``Request.Waitall`` of a send and a receive
   to the peer (the persistent requests the path records);
@@ -13,8 +13,9 @@ is built of, so that the gap can be read as a sum:
   (the nearest a Python call gets to MPICH's inner loop);
 * the reduction step: ``numpy.add(a, b, out=a)`` on 128 and 256 float32;
 * the per-call wrapper: ``topologies.base.check_buffer`` and a whole ``allreduce`` of
-  each topology (the path's schedule lookup included), against ``MPI_Allreduce`` forced
-  to the same algorithm (MPICH's CVARs, as ``mpirl.bench`` forces it).
+  each topology (the path's schedule lookup included), replayed in C (where built) and
+  in Python, and the C replay's own call alone, against ``MPI_Allreduce`` forced to the
+  same algorithm (MPICH's CVARs, as ``mpirl.bench`` forces it).
 
 Each figure is the median of ``--rounds`` rounds of ``--iters`` calls, the ranks leaving
 a barrier together before each round.  Rank 0 prints a markdown table and writes it to
@@ -39,6 +40,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import topologies  # noqa: E402
+from topologies import persistent  # noqa: E402
 from topologies.base import check_buffer  # noqa: E402
 
 N = 256                      # 1 KiB of float32
@@ -94,11 +96,18 @@ def allreduces(comm, iters: int, rounds: int) -> list[tuple[str, float]]:
 
     tuning = MpichTuning()
     rows = []
+    modes = ["c", "python"] if persistent.NATIVE is not None else ["python"]
     for name in TOPOLOGIES:
-        buf = np.ones(N, np.float32)
-        topo = topologies.get(name)(comm)
-        rows.append((f"{name}.allreduce (replayed)",
-                     timed(comm, lambda t=topo, b=buf: t.allreduce(b), iters, rounds)))
+        for mode in modes:
+            buf = np.ones(N, np.float32)
+            topo = topologies.get(name)(comm).small_path(mode)
+            rows.append((f"{name}.allreduce (replayed in {'C' if mode == 'c' else 'Python'})",
+                         timed(comm, lambda t=topo, b=buf: t.allreduce(b), iters, rounds)))
+            if mode == "c":            # its schedule's C call alone, without the wrapper
+                schedule = next(iter(topo._schedules.kept.values()))
+                rows.append((f"{name}: its schedule's C replay call alone",
+                             timed(comm, lambda s=schedule: s.replay(*s.native), iters,
+                                   rounds)))
         algorithm = SAME_ALGORITHM["allreduce"][name]
         with tuning.forced("allreduce", algorithm):
             ref = np.ones(N, np.float32)
@@ -123,9 +132,9 @@ def main() -> int:
         return 2
     rows = pieces(comm, args.iters, args.rounds) + allreduces(comm, args.iters, args.rounds)
     if comm.Get_rank() == 0:
-        lines = ["# The Python floor under a small allreduce (experiments/bench_small_floor.py)",
+        lines = ["# The floor under a small allreduce (experiments/bench_small_floor.py)",
                  "", f"2 ranks, 1 KiB (256 float32); rank 0's median over {args.rounds} rounds "
-                 f"of {args.iters:,} calls, side by side in one run.", "",
+                 f"of {args.iters:,} calls back to back, side by side in one run.", "",
                  "| piece | microseconds per call |", "|---|---|"]
         lines += [f"| {label} | {us:.2f} |" for label, us in rows]
         text = "\n".join(lines) + "\n"

@@ -14,7 +14,8 @@ subclass and one row below.
 from __future__ import annotations
 
 from .auto import Auto
-from .base import BufferMismatchError, CommStats, Topology, TopologyError, check_env
+from .base import (SMALL_PATHS, BufferMismatchError, CommStats, Topology, TopologyError,
+                   check_env)
 from .butterfly import Butterfly
 from .cast import Bf16, Fp16
 from .hierarchical import Hierarchical
@@ -85,5 +86,6 @@ def get(name: str) -> type[Topology]:
     return cls.variant(options, get)
 
 
-__all__ = ["REGISTRY", "WRAPPERS", "BufferMismatchError", "CommStats", "Topology", "TopologyError",
-           "UnknownTopologyError", "check_env", "get", "names", "wrappers"]
+__all__ = ["REGISTRY", "SMALL_PATHS", "WRAPPERS", "BufferMismatchError", "CommStats",
+           "Topology", "TopologyError", "UnknownTopologyError", "check_env", "get", "names",
+           "wrappers"]

@@ -209,9 +209,14 @@ def split_levels(rounds: list[list[Message]], per_node: int,
     return node, link
 
 
+#: the modes of :meth:`Topology.small_path`
+SMALL_PATHS = ("c", "python", "off")
+
+
 def check_env() -> None:
     """Raise TopologyError when an environment setting the topologies read is bad
-    (:data:`topologies.persistent.ENV_MAX_BYTES`); called when a topology is built."""
+    (:data:`topologies.persistent.ENV_MAX_BYTES`, :data:`~topologies.persistent.ENV_NATIVE`);
+    called when a topology is built."""
     if persistent.ENV_ERROR:
         raise TopologyError(persistent.ENV_ERROR)
 
@@ -222,17 +227,20 @@ def check_buffer(buf, what: str = "buffer") -> np.ndarray:
         raise TopologyError(
             f"{what} must be a numpy.ndarray of float32 or float64 (or float16, bfloat16), "
             f"got {type(buf).__name__}")
-    if buf.dtype not in MPI_DTYPES and buf.dtype.name == "bfloat16":
-        bfloat16()                  # the caller imported ml_dtypes itself
-    if buf.dtype not in MPI_DTYPES:
-        raise TopologyError(
-            f"{what} has dtype {buf.dtype}; allowed dtypes: float32, float64 (and the half "
-            "precisions float16, bfloat16 that topologies.cast sends)")
-    if not buf.flags.c_contiguous:
+    dtype = buf.dtype
+    if dtype not in MPI_DTYPES:
+        if dtype.name == "bfloat16":
+            bfloat16()                  # the caller imported ml_dtypes itself
+        if dtype not in MPI_DTYPES:
+            raise TopologyError(
+                f"{what} has dtype {dtype}; allowed dtypes: float32, float64 (and the half "
+                "precisions float16, bfloat16 that topologies.cast sends)")
+    flags = buf.flags                   # (a new object at every access)
+    if not flags.c_contiguous:
         raise TopologyError(
             f"{what} is not C-contiguous (a strided view?); pass one flat contiguous "
             "buffer, e.g. numpy.ascontiguousarray(x)")
-    if not buf.flags.writeable:
+    if not flags.writeable:
         raise TopologyError(f"{what} is read-only; topologies work in place")
     return buf if buf.ndim == 1 else buf.reshape(-1)
 
@@ -278,6 +286,21 @@ class Topology(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size}, root={self.root})"
+
+    def small_path(self, mode: str) -> Topology:
+        """Take this topology's small calls (those of :attr:`persistent`) through the
+        small-message path replayed in C (``"c"``, the default where it is built),
+        replayed in Python (``"python"``), or not at all (``"off"``: every call the
+        topology's own blocking one): what each buys, side by side in one run
+        (``mpirl.bench --blocking``).  Same messages, same sums in every mode."""
+        if mode not in SMALL_PATHS:
+            raise ValueError(f"small_path {mode!r}; allowed: {', '.join(SMALL_PATHS)}")
+        on = mode != "off" and persistent.MAX_BYTES > 0
+        self._plans_allreduce = on and "allreduce" in self.persistent
+        self._plans_bcast = on and "bcast" in self.persistent
+        self._schedules.clear()
+        self._schedules.native = persistent.NATIVE if mode == "c" else None
+        return self
 
     # -- public interface ---------------------------------------------------------------
     def allreduce(self, buf: np.ndarray, *, average: bool = False) -> np.ndarray:

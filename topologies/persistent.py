@@ -72,6 +72,41 @@ def _max_bytes() -> tuple[int, str | None]:
 MAX_BYTES, ENV_ERROR = _max_bytes()
 
 
+#: the environment variable that turns the C replay off (``0``) or on (``1``, the
+#: default where it is built): for measuring what it buys, side by side
+ENV_NATIVE = "MPIRL_SMALL_PATH_NATIVE"
+
+
+def _load_native():
+    """``(module, None)``: the C replay (``topologies/_replay.c``, built into the venv by
+    ``python -m topologies.build_replay``) where it is built against the MPI library that
+    mpi4py loaded; ``(None, None)`` where it is not (no compiler, another MPI: the Python
+    replay runs, the same steps); ``(None, error)`` for a bad :data:`ENV_NATIVE`."""
+    text = os.environ.get(ENV_NATIVE, "1")
+    if text not in ("0", "1"):
+        return None, (f"{ENV_NATIVE}={text!r}; allowed: 1 (replay small schedules in C "
+                      "where it is built, the default) or 0 (in Python)")
+    if text == "0":
+        return None, None
+    try:
+        import _mpirl_replay as native
+    except ImportError:
+        return None, None
+    same = (native.request_size == MPI._sizeof(MPI.Request)
+            and native.datatype_size == MPI._sizeof(MPI.Datatype)
+            and native.library_version.strip() == MPI.Get_library_version().strip())
+    return (native if same else None), None
+
+
+#: the C replay, or None; and the error of a bad :data:`ENV_NATIVE`
+NATIVE, NATIVE_ERROR = _load_native()
+ENV_ERROR = ENV_ERROR or NATIVE_ERROR
+#: op codes of a compiled schedule (``topologies/_replay.c``)
+_EXCHANGE, _ADD = 1, 2
+#: the dtypes the C replay adds, by its code
+_NATIVE_ADD = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
+
+
 #: schedules kept per topology (least recently used dropped first)
 KEPT = 4
 #: arrays remembered as seen once, so that one coming back is planned (several: buffers
@@ -95,6 +130,11 @@ class Schedule:
         self.messages_sent = self.bytes_sent = self.bytes_recv = 0
         #: the requests a failed Waitall left unfinished (see :meth:`abandon`)
         self.unfinished: list[MPI.Prequest] = []
+        #: the C replay's arguments once :meth:`compile` wrote its program, and the
+        #: program's arrays (kept alive with it), and each exchange's step by its word
+        self.native: tuple[int, int, int] | None = None
+        self.program = self.handles = None
+        self._step_at: dict[int, int] = {}
         # frees the requests when the schedule is dropped or collected, or at exit
         self._free = weakref.finalize(self, _free_requests, self.requests)
 
@@ -119,9 +159,55 @@ class Schedule:
     def add(self, dst: np.ndarray, src: np.ndarray) -> None:
         self.steps.append((dst, src))
 
+    def compile(self, native) -> None:
+        """Write the recorded steps as a program for the C replay ``native`` (the loaded
+        :data:`NATIVE`, or None), if it can add every dtype recorded; else :meth:`run`
+        replays in Python."""
+        if native is None:
+            return
+        # handles as MPI's C types hold them (mpi4py may give them sign-extended)
+        mask = (1 << 8 * native.request_size) - 1
+        type_mask = (1 << 8 * native.datatype_size) - 1
+        words, handles, step_at = [], [], {}
+        for index, step in enumerate(self.steps):
+            if len(step) == 2:
+                dst, src = step
+                code = _NATIVE_ADD.get(dst.dtype)
+                if code is None or src.dtype != dst.dtype or dst.size != src.size:
+                    return
+                words += [_ADD, code, dst.size, _address(dst), _address(src)]
+                continue
+            requests, statuses, receives = step
+            if len(requests) > native.max_requests:
+                return
+            first_recv = len(requests) - len(receives)
+            step_at[len(words)] = index
+            words += [_EXCHANGE, len(requests), len(handles), len(receives)]
+            for i, (_, buf, _, datatype) in enumerate(receives):
+                words += [first_recv + i, buf.size, MPI._handleof(datatype) & type_mask]
+            words += [MPI._addressof(status) for status in statuses]
+            handles += [MPI._handleof(request) for request in requests]
+        handles_array = np.array([h & mask for h in handles],
+                                 dtype=np.dtype(f"u{native.request_size}"))
+        self.program = np.array(words, dtype=np.int64)
+        self.handles = handles_array
+        self._step_at = step_at
+        self.native = (_address(handles_array), _address(self.program), self.program.size)
+        self.replay = native.run
+
     # -- replay ------------------------------------------------------------------------
     def run(self) -> None:
         topo = self.topo
+        native = self.native
+        if native is not None:
+            failed = self.replay(*native)
+            if failed is not None:
+                self._raise_native(*failed)
+            stats = topo.stats
+            stats.messages_sent += self.messages_sent
+            stats.bytes_sent += self.bytes_sent
+            stats.bytes_recv += self.bytes_recv
+            return
         for step in self.steps:
             if len(step) == 2:
                 np.add(step[0], step[1], out=step[0])
@@ -136,14 +222,32 @@ class Schedule:
             for status, buf, source, datatype in receives:
                 if status.Get_count(datatype) != buf.size:
                     topo._check_count(status, buf, source)      # raises, naming both
-        stats = topo.stats
+        self._count()
+
+    def _raise_native(self, at: int, code: int) -> None:
+        """Raise what the Python replay raises for the exchange at word ``at`` of the
+        program, whose statuses the C replay copied into the step's Status objects:
+        ``code`` is the MPI error of its Startall or Waitall, or -1 for a wrong count."""
+        step = self.steps[self._step_at[at]]
+        requests, statuses, receives = step
+        if code != -1:
+            err = MPI.Exception(code)
+            self.unfinished = _unfinished(err, requests, statuses)
+            _raise_from_statuses(self.topo, err, statuses, receives)
+        for status, buf, source, datatype in receives:
+            if status.Get_count(datatype) != buf.size:
+                self.topo._check_count(status, buf, source)
+        raise AssertionError("the C replay reported a wrong count that is not")
+
+    def _count(self) -> None:
+        stats = self.topo.stats
         stats.messages_sent += self.messages_sent
         stats.bytes_sent += self.bytes_sent
         stats.bytes_recv += self.bytes_recv
 
     def free(self) -> None:
         """Free the persistent requests (an active one once it completes)."""
-        self.steps, self.owner = [], None
+        self.steps, self.owner, self.native = [], None, None
         self._free()
 
     def abandon(self) -> None:
@@ -154,6 +258,10 @@ class Schedule:
         unfinished = {id(r) for r in self.unfinished}
         self.requests[:] = [r for r in self.requests if id(r) not in unfinished]
         self.free()
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
 
 
 def _free_requests(requests: list) -> None:
@@ -212,6 +320,12 @@ class Schedules:
         self.dropped: OrderedDict[tuple, weakref.ref] = OrderedDict()
         #: schedules recorded so far (each call's at most once, while DROPPED remembers it)
         self.recorded = 0
+        #: the C replay new schedules are compiled for, or None (Topology.small_path)
+        self.native = NATIVE
+        #: the most recently used schedule and its key: the same call again (a training
+        #: loop's) skips the lookup and the LRU reordering
+        self.last_key: tuple | None = None
+        self.last: Schedule | None = None
 
     def call(self, op: str, owner: np.ndarray, buf: np.ndarray, root: int,
              blocking: Callable[..., None], *args) -> None:
@@ -226,13 +340,31 @@ class Schedules:
             blocking(*args)
             return
         key = (op, root, id(owner), buf.size, buf.dtype.num)
+        if key == self.last_key:            # the same call again: already the most recent
+            schedule = self.last
+        else:
+            schedule = self._find(key, owner, blocking, args)
+            if schedule is None:
+                return
+        try:
+            schedule.run()
+        except BaseException:
+            del self.kept[key]
+            self.last_key = self.last = None
+            schedule.abandon()
+            raise
+
+    def _find(self, key: tuple, owner: np.ndarray, blocking: Callable[..., None],
+              args: tuple) -> Schedule | None:
+        """The kept schedule of ``key``, or a new one recorded by running ``blocking``;
+        None when the call ran ``blocking`` plainly instead."""
         schedule = self.kept.get(key)
         if schedule is None:
             dropped = self.dropped.get(key)
             if dropped is not None:
                 if dropped() is owner:          # planned once and dropped for room: churn
                     blocking(*args)
-                    return
+                    return None
                 del self.dropped[key]           # another array that took a dead one's id
             seen = self.sighted.pop(key, None)
             if seen is None or seen() is not owner:    # first sight: plain, remembered
@@ -240,7 +372,7 @@ class Schedules:
                 if len(self.sighted) > SIGHTED:
                     self.sighted.popitem(last=False)
                 blocking(*args)
-                return
+                return None
             schedule = self._record(blocking, args)
             schedule.owner = owner
             self.kept[key] = schedule
@@ -248,15 +380,13 @@ class Schedules:
                 self._drop(*self.kept.popitem(last=False))
         else:
             self.kept.move_to_end(key)
-        try:
-            schedule.run()
-        except BaseException:
-            del self.kept[key]
-            schedule.abandon()
-            raise
+        self.last_key, self.last = key, schedule
+        return schedule
 
     def _drop(self, key: tuple, schedule: Schedule) -> None:
         """Free the least recently used schedule, remembering its call as dropped."""
+        if schedule is self.last:
+            self.last_key = self.last = None
         self.dropped[key] = weakref.ref(schedule.owner)
         if len(self.dropped) > DROPPED:
             self.dropped.popitem(last=False)
@@ -274,11 +404,13 @@ class Schedules:
             raise
         finally:
             topo._recording = None
+        schedule.compile(self.native)
         return schedule
 
     def clear(self) -> None:
         for schedule in self.kept.values():
             schedule.free()
         self.kept.clear()
+        self.last_key = self.last = None
         self.sighted.clear()
         self.dropped.clear()

@@ -25,6 +25,7 @@ from mpi4py import MPI  # noqa: E402
 import numpy as np  # noqa: E402
 
 import topologies  # noqa: E402
+from topologies import persistent  # noqa: E402
 
 from ..telemetry.h5log import write_bench_file  # noqa: E402
 from ..telemetry.schema import BENCH_DTYPE  # noqa: E402
@@ -163,7 +164,7 @@ def print_osu(op: str, best: dict, labels: list[str], args, comm) -> None:
         for c in cols:
             value = best[c, nbytes][1]
             text = f"{value * 1e6:9.1f} x{value / auto:5.2f}"
-            name = c.removesuffix("/blocking")
+            name = c.split("/")[0]
             ref = best.get((f"native:{same[name]}", nbytes)) if name in same else None
             text += f" ={value / ref[1]:5.2f}" if ref and not math.isnan(ref[1]) else "       "
             cells.append(f"{text:>24}")
@@ -195,14 +196,18 @@ def variants_asked(args):
 
 def instantiate(classes: dict, comm: MPI.Comm, blocking: bool) -> dict:
     """label -> topology on ``comm``: native first, then those asked, then (``blocking``)
-    each one with a small-message path again with that path off, as NAME/blocking."""
+    each one with a small-message path again with that path replayed in Python, as
+    NAME/python (where the C replay is built), and with it off, as NAME/blocking."""
     classes = {"native": topologies.get("native"), **classes}
     instances = {name: cls(comm) for name, cls in classes.items()}
     if blocking:
+        modes = {"blocking": "off"}
+        if persistent.NATIVE is not None:
+            modes["python"] = "python"
         for name, cls in classes.items():
             if cls.persistent:
-                instances[f"{name}/blocking"] = plain = cls(comm)
-                plain.persistent = ()        # every call the topology's own blocking one
+                for label, mode in modes.items():
+                    instances[f"{name}/{label}"] = cls(comm).small_path(mode)
     return instances
 
 
@@ -225,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                              "to skip; only with MPICH)")
     parser.add_argument("--blocking", action="store_true",
                         help="also time every topology with a small-message path with that "
-                             "path off (label NAME/blocking): what the persistent requests "
-                             "of topologies.persistent buy, side by side in one run")
+                             "path replayed in Python (label NAME/python, where its C replay "
+                             "is built) and off (NAME/blocking): what the replays of "
+                             "topologies.persistent buy, side by side in one run")
     parser.add_argument("--iters", type=int, default=1000,
                         help="timed iterations for small messages (fewer for large)")
     parser.add_argument("--rounds", type=int, default=3,

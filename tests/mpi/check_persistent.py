@@ -45,7 +45,41 @@ def check_replays(name: str) -> None:
             problems.append(f"rank {rank}: {call} counters {got} != plain {plain_stats}")
     if len(topo._schedules.kept) != 1:
         problems.append(f"rank {rank}: {len(topo._schedules.kept)} schedules kept, not 1")
+    elif persistent.NATIVE is not None:
+        if next(iter(topo._schedules.kept.values())).native is None:
+            problems.append(f"rank {rank}: the C replay is loaded but the schedule is "
+                            "not compiled for it")
     report(f"{name} replays", problems)
+
+
+def check_modes(name: str) -> None:
+    """small_path: "off" plans nothing, "python" replays in Python, "c" in C (where
+    built); the same bytes in every mode."""
+    x = np.random.default_rng([6, rank]).standard_normal(300).astype(np.float32)
+    results, problems = {}, []
+    for mode in topologies.SMALL_PATHS:
+        topo = topologies.get(name)(comm).small_path(mode)
+        y = x.copy()
+        for _ in range(3):
+            y[:] = x
+            topo.allreduce(y)
+        results[mode] = y.tobytes()
+        kept = list(topo._schedules.kept.values())
+        native = [s.native is not None for s in kept]
+        want = {"off": [], "python": [False],
+                "c": [persistent.NATIVE is not None]}[mode]
+        if native != want:
+            problems.append(f"rank {rank}: mode {mode}: schedules compiled for C {native}, "
+                            f"not {want}")
+    if len(set(results.values())) != 1:
+        problems.append(f"rank {rank}: the modes' bytes differ")
+    try:
+        topologies.get(name)(comm).small_path("fast")
+        problems.append(f"rank {rank}: small_path('fast') was taken")
+    except ValueError as err:
+        if "allowed: c, python, off" not in str(err):
+            problems.append(f"rank {rank}: {err}")
+    report(f"{name} small_path modes", problems)
 
 
 def check_what_is_planned(name: str) -> None:
@@ -163,10 +197,14 @@ def main() -> None:
     for name in topologies.names():
         if topologies.get(name).persistent:
             check_replays(name)
+            check_modes(name)
             check_what_is_planned(name)
             check_churn(name)
     for spec in ("hierarchical:butterfly:1", "fp16:butterfly"):
         check_nested(spec)
+    if rank == 0:
+        print(f"replayed in {'C' if persistent.NATIVE is not None else 'Python'}",
+              flush=True)
     if size == 2:
         check_replay_sees_mismatch(+1)
         check_replay_sees_mismatch(-1)

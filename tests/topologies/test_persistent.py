@@ -26,12 +26,24 @@ def test_the_point_to_point_topologies_plan_their_small_calls():
     assert "bcast" not in topologies.get("ring").persistent    # its chain uses Irecv
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 5])
-def test_replays_match_plain_calls_and_plan_only_repeated_small_arrays(nranks):
-    result = run_mpi(nranks, [SCRIPT], timeout_s=120, check=False)
+def test_make_install_built_the_c_replay_for_this_venvs_mpi():
+    import _mpirl_replay  # noqa: F401  (topologies/build_replay.py, run by make install)
+
+    from topologies import persistent
+    assert persistent.NATIVE is not None, "the C replay is built for another MPI library"
+
+
+@pytest.mark.parametrize("nranks,native", [(2, "1"), (3, "1"), (5, "1"), (2, "0"), (3, "0")])
+def test_replays_match_plain_calls_and_plan_only_repeated_small_arrays(nranks, native):
+    """In C (the default where built) and in Python (MPIRL_SMALL_PATH_NATIVE=0, and
+    wherever the C replay is not built: the ULFM venv's Open MPI)."""
+    result = run_mpi(nranks, [SCRIPT], timeout_s=120, check=False,
+                     env={"MPIRL_SMALL_PATH_NATIVE": native})
     lines = result.output.splitlines()
+    assert f"replayed in {'C' if native == '1' else 'Python'}" in lines, result.tail()
     for name in PLANNED:
         assert f"OK {name} replays" in lines, result.tail()
+        assert f"OK {name} small_path modes" in lines, result.tail()
         assert f"OK {name} plans only repeated small arrays" in lines, result.tail()
     for spec in ("hierarchical:butterfly:1", "fp16:butterfly"):
         assert f"OK {spec} plans its inner calls" in lines, result.tail()
@@ -65,3 +77,19 @@ def test_the_size_limit_is_a_byte_count_or_a_clear_error():
                              "print(persistent.MAX_BYTES)"], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "0", result.stderr
+
+
+def test_the_c_replay_switch_is_0_or_1_or_a_clear_error():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    show = ("import topologies\nfrom topologies import persistent\n"
+            "try:\n    topologies.get('ring')()\n"
+            "except topologies.TopologyError as err:\n    print('refused:', err)\n"
+            "print('C' if persistent.NATIVE else 'Python')")
+    for value, expected in (("0", "Python"), ("1", "C"), ("yes", "Python")):
+        result = subprocess.run([sys.executable, "-c", show],
+                                env={**env, "MPIRL_SMALL_PATH_NATIVE": value}, cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[-1] == expected, result.stdout + result.stderr
+        refused = "refused: MPIRL_SMALL_PATH_NATIVE='yes'; allowed: 1" in result.stdout
+        assert refused == (value == "yes"), result.stdout
