@@ -27,23 +27,14 @@
 enum { OP_EXCHANGE = 1, OP_ADD = 2 };
 #define MAX_REQUESTS 64
 
-static PyObject *failed(int64_t op, long code) {
-    return Py_BuildValue("(Ll)", (long long)op, code);
-}
-
-static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "run(requests_address, program_address, words)");
-        return NULL;
-    }
-    MPI_Request *requests = (MPI_Request *)PyLong_AsVoidPtr(args[0]);
-    const int64_t *prog = (const int64_t *)PyLong_AsVoidPtr(args[1]);
-    Py_ssize_t words = PyLong_AsSsize_t(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
+/* Run the program: 0, or the failed exchange's word index + 1, its code in *code_out.
+ * Touches no Python object: it runs with the GIL released, as mpi4py's own blocking
+ * calls do, so that the watchdog's and the progress thread's Python code runs while a
+ * rank waits here for a peer. */
+static int64_t execute(MPI_Request *requests, const int64_t *prog, int64_t words,
+                       int *code_out) {
     MPI_Status statuses[MAX_REQUESTS];
-    Py_ssize_t pc = 0;
+    int64_t pc = 0;
     while (pc < words) {
         int64_t at = pc;
         if (prog[pc] == OP_ADD) {
@@ -69,8 +60,10 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         const int64_t *status_addresses = recvs + 3 * nrecv;
         pc += 4 + 3 * nrecv + n;
         int code = MPI_Startall(n, reqs);
-        if (code != MPI_SUCCESS)
-            return failed(at, code);
+        if (code != MPI_SUCCESS) {
+            *code_out = code;
+            return at + 1;
+        }
         code = MPI_Waitall(n, reqs, statuses);
         int wrong = 0;
         if (code == MPI_SUCCESS) {
@@ -85,9 +78,31 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         }
         for (int i = 0; i < n; i++)
             memcpy((void *)(intptr_t)status_addresses[i], &statuses[i], sizeof(MPI_Status));
-        return failed(at, wrong ? -1 : code);
+        *code_out = wrong ? -1 : code;
+        return at + 1;
     }
-    Py_RETURN_NONE;
+    return 0;
+}
+
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "run(requests_address, program_address, words)");
+        return NULL;
+    }
+    MPI_Request *requests = (MPI_Request *)PyLong_AsVoidPtr(args[0]);
+    const int64_t *prog = (const int64_t *)PyLong_AsVoidPtr(args[1]);
+    Py_ssize_t words = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    int code = 0;
+    int64_t failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = execute(requests, prog, (int64_t)words, &code);
+    Py_END_ALLOW_THREADS
+    if (failed == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(Li)", (long long)(failed - 1), code);
 }
 
 static PyMethodDef methods[] = {

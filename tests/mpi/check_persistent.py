@@ -82,6 +82,42 @@ def check_modes(name: str) -> None:
     report(f"{name} small_path modes", problems)
 
 
+def check_waits_let_threads_run() -> None:
+    """While a replay waits for a late peer, this rank's other Python threads run (the
+    watchdog's, the progress thread's): the C replay releases the GIL, as mpi4py does."""
+    import threading
+    import time
+
+    topo = butterfly.Butterfly(comm)
+    a = np.ones(500, np.float32)
+    topo.allreduce(a)
+    topo.allreduce(a)                      # planned now, on every rank
+    ticks, done = [0], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    comm.Barrier()
+    problems = []
+    if rank == 0:
+        thread = threading.Thread(target=tick)
+        thread.start()
+        time.sleep(0.01)
+        before = ticks[0]
+        topo.allreduce(a)                  # the others come 0.5 s late
+        waited = ticks[0] - before
+        done.set()
+        thread.join()
+        if waited < 50:
+            problems.append(f"rank 0: another thread ticked {waited} times in a 0.5 s wait")
+    else:
+        time.sleep(0.5)
+        topo.allreduce(a)
+    report("a replay's wait lets other threads run", problems)
+
+
 def check_what_is_planned(name: str) -> None:
     """Fresh arrays and large ones are never planned; at most KEPT schedules are kept."""
     topo = topologies.get(name)(comm)
@@ -205,6 +241,7 @@ def main() -> None:
     if rank == 0:
         print(f"replayed in {'C' if persistent.NATIVE is not None else 'Python'}",
               flush=True)
+    check_waits_let_threads_run()
     if size == 2:
         check_replay_sees_mismatch(+1)
         check_replay_sees_mismatch(-1)

@@ -47,6 +47,7 @@ def test_replays_match_plain_calls_and_plan_only_repeated_small_arrays(nranks, n
         assert f"OK {name} plans only repeated small arrays" in lines, result.tail()
     for spec in ("hierarchical:butterfly:1", "fp16:butterfly"):
         assert f"OK {spec} plans its inner calls" in lines, result.tail()
+    assert "OK a replay's wait lets other threads run" in lines, result.tail()
     if nranks == 2:
         assert "OK a replay sees a message 1 element too long" in lines, result.tail()
         assert "OK a replay sees a message 1 element too short" in lines, result.tail()
