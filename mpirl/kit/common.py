@@ -293,12 +293,7 @@ def resume_in_step(comm: MPI.Comm, saved, run_dir, rollout_key: str) -> None:
         raise StartupMismatch(f"resume={str(run_dir)!r}: the ranks' checkpoints are of "
                               f"different rollouts ({different}): the job was killed "
                               "while they were written; there is no state to resume from")
-    try:
-        saved.load_state(state)
-        error = ""
-    except Exception as err:
-        error = f"{type(err).__name__}: {err}"     # a part's own refusal: one line
-    refuse_failed(run_dir, comm.allgather(error))
+    refuse_failed(run_dir, comm.allgather(checkpoint.put_back(saved, state)))
 
 
 def refuse_failed(run_dir, errors: list[str]) -> None:

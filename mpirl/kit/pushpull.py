@@ -70,10 +70,7 @@ def restore_generation(cfg: Config, saved: TrainingState, run_dir: Path, comm,
         elif recorded != (generation, size):
             error = f"{path.name} is of generation {recorded[0]} of a {recorded[1]}-rank run"
         else:
-            try:
-                saved.load_state(state)
-            except Exception as err:
-                error = f"{type(err).__name__}: {err}"   # a part's own refusal: one line
+            error = checkpoint.put_back(saved, state)
     refuse_failed(run_dir, comm.allgather(error))
     if rank == 0:
         say_resumed(cfg, run_dir, f"from checkpoint generation {generation}")

@@ -229,6 +229,17 @@ def unreadable(path: Path, err: BaseException) -> str:
     return f"{path.name} cannot be read ({one_line(err)})"
 
 
+def put_back(saved, state: dict) -> str:
+    """``saved.load_state(state)`` (a :class:`TrainingState`'s): "" when every part took
+    its state, else the part's own refusal in one line (its type and message, told
+    whole: it names what does not fit), for the ranks to agree on before going on."""
+    try:
+        saved.load_state(state)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return ""
+
+
 def apart(positions: list[tuple]) -> str:
     """Each rank's (update, rollout or None) in words when the ranks' checkpoints are not
     all of one, else "": "rank 0: update 80 (rollout 80), rank 1: update 40 (rollout 40)"."""

@@ -59,6 +59,14 @@ def test_load_state_hands_the_whole_dict_to_every_part():
         assert part.loaded == [whole] and part.loaded[0] is whole
 
 
+def test_put_back_gives_a_parts_refusal_in_one_line_or_nothing():
+    a, b, c = parts()
+    whole = TrainingState(a, b, c).state()
+    assert checkpoint.put_back(TrainingState(a, b, c), whole) == ""
+    refused = checkpoint.put_back(TrainingState(Part(missing=1)), whole)
+    assert refused == "KeyError: 'missing'"
+
+
 def test_save_and_restore_round_trip(tmp_path):
     saved = TrainingState(*parts())
     saved.save(tmp_path, rank=3)
