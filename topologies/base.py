@@ -281,8 +281,7 @@ class Topology(abc.ABC):
         self._schedules = Schedules(self)
         self._divisors: dict[np.dtype, np.generic] = {}
         self._recording = None             # the Schedule being recorded, if any
-        self._plans_allreduce = "allreduce" in self.persistent and persistent.MAX_BYTES > 0
-        self._plans_bcast = "bcast" in self.persistent and persistent.MAX_BYTES > 0
+        self.small_path("c")               # sets _plans_allreduce and _plans_bcast
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size}, root={self.root})"

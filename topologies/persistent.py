@@ -197,53 +197,45 @@ class Schedule:
 
     # -- replay ------------------------------------------------------------------------
     def run(self) -> None:
-        topo = self.topo
         native = self.native
         if native is not None:
             failed = self.replay(*native)
-            if failed is not None:
-                self._raise_native(*failed)
-            stats = topo.stats
-            stats.messages_sent += self.messages_sent
-            stats.bytes_sent += self.bytes_sent
-            stats.bytes_recv += self.bytes_recv
-            return
-        for step in self.steps:
-            if len(step) == 2:
-                np.add(step[0], step[1], out=step[0])
-                continue
-            requests, statuses, receives = step
-            MPI.Prequest.Startall(requests)
-            try:
-                MPI.Request.Waitall(requests, statuses)
-            except MPI.Exception as err:
-                self.unfinished = _unfinished(err, requests, statuses)
-                _raise_from_statuses(topo, err, statuses, receives)
-            for status, buf, source, datatype in receives:
-                if status.Get_count(datatype) != buf.size:
-                    topo._check_count(status, buf, source)      # raises, naming both
-        self._count()
-
-    def _raise_native(self, at: int, code: int) -> None:
-        """Raise what the Python replay raises for the exchange at word ``at`` of the
-        program, whose statuses the C replay copied into the step's Status objects:
-        ``code`` is the MPI error of its Startall or Waitall, or -1 for a wrong count."""
-        step = self.steps[self._step_at[at]]
-        requests, statuses, receives = step
-        if code != -1:
-            err = MPI.Exception(code)
-            self.unfinished = _unfinished(err, requests, statuses)
-            _raise_from_statuses(self.topo, err, statuses, receives)
-        for status, buf, source, datatype in receives:
-            if status.Get_count(datatype) != buf.size:
-                self.topo._check_count(status, buf, source)
-        raise AssertionError("the C replay reported a wrong count that is not")
-
-    def _count(self) -> None:
+            if failed is not None:      # (word of the exchange, MPI error or -1: a count)
+                at, code = failed
+                self._check(self.steps[self._step_at[at]],
+                            None if code == -1 else MPI.Exception(code))
+                raise AssertionError("the C replay reported a wrong count that is not")
+        else:
+            self._run_in_python()
         stats = self.topo.stats
         stats.messages_sent += self.messages_sent
         stats.bytes_sent += self.bytes_sent
         stats.bytes_recv += self.bytes_recv
+
+    def _run_in_python(self) -> None:
+        for step in self.steps:
+            if len(step) == 2:
+                np.add(step[0], step[1], out=step[0])
+                continue
+            requests, statuses, _ = step
+            MPI.Prequest.Startall(requests)
+            try:
+                MPI.Request.Waitall(requests, statuses)
+            except MPI.Exception as err:
+                self._check(step, err)
+            self._check(step)
+
+    def _check(self, step: tuple, err: MPI.Exception | None = None) -> None:
+        """Raise what went wrong in the exchange ``step`` (its statuses filled in, by
+        Python's Waitall or copied back by the C replay): ``err``, its Waitall's error,
+        or else a received length that is not its buffer's."""
+        requests, statuses, receives = step
+        if err is not None:
+            self.unfinished = _unfinished(err, requests, statuses)
+            _raise_from_statuses(self.topo, err, statuses, receives)
+        for status, buf, source, datatype in receives:
+            if status.Get_count(datatype) != buf.size:
+                self.topo._check_count(status, buf, source)      # raises, naming both
 
     def free(self) -> None:
         """Free the persistent requests (an active one once it completes)."""
